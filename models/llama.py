@@ -1,0 +1,171 @@
+"""A Llama-family decoder (Llama, Mistral, Qwen2) as a Flax NNX module.
+
+The module is only ever used functionally: `forward(config, params, tokens, positions,
+cache)` merges a cached graph definition with a plain params pytree, so the same code
+serves prefill (T = prompt length), drafting (T = 1 or 2) and verification (T = K + 1),
+for the draft and for the target.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from .cache import KVCache, init_cache
+from .config import ModelConfig
+
+_init = nnx.initializers.normal(stddev=0.02)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, dtype):
+        self.scale = nnx.Param(jnp.ones((dim,), dtype))
+        self.eps = eps
+
+    def __call__(self, x):  # [..., D]
+        # Normalise in float32 whatever the parameter dtype, as HF does.
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (x32 * self.scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def rotary(x, positions, theta: float):
+    """Rotate-half rotary embedding (HF convention), computed in float32.
+
+    x: [B, T, heads, d_head]; positions: [B, T] absolute positions of the tokens.
+    """
+    d_half = x.shape[-1] // 2
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, d_half, dtype=jnp.float32) * 2 / x.shape[-1]))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, d_half]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return rotated.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
+        d, hd = config.hidden_size, config.resolved_head_dim
+        h, kv = config.num_attention_heads, config.num_key_value_heads
+        self.q_proj = nnx.Param(_init(rngs.params(), (d, h, hd), dtype))
+        self.k_proj = nnx.Param(_init(rngs.params(), (d, kv, hd), dtype))
+        self.v_proj = nnx.Param(_init(rngs.params(), (d, kv, hd), dtype))
+        self.o_proj = nnx.Param(_init(rngs.params(), (h, hd, d), dtype))
+        if config.attention_bias:
+            self.q_bias = nnx.Param(jnp.zeros((h, hd), dtype))
+            self.k_bias = nnx.Param(jnp.zeros((kv, hd), dtype))
+            self.v_bias = nnx.Param(jnp.zeros((kv, hd), dtype))
+        self.config = config
+
+    def __call__(self, x, positions, cache: KVCache, layer: int):
+        """x: [B, T, D]; positions: [B, T]. Returns ([B, T, D], cache with this layer written)."""
+        cfg = self.config
+        q = jnp.einsum("btd,dhk->bthk", x, self.q_proj[...])  # [B, T, H, d_head]
+        k = jnp.einsum("btd,dgk->btgk", x, self.k_proj[...])  # [B, T, n_kv, d_head]
+        v = jnp.einsum("btd,dgk->btgk", x, self.v_proj[...])  # [B, T, n_kv, d_head]
+        if cfg.attention_bias:
+            q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
+        q = rotary(q, positions, cfg.rope_theta)
+        k = rotary(k, positions, cfg.rope_theta)
+
+        # Write this forward's K/V at their own positions (one scatter per tensor; indices
+        # past the cache end are dropped, and callers guarantee they never occur).
+        rows = jnp.arange(x.shape[0])[:, None]  # [B, 1]
+        cache_k = cache.k.at[layer, rows, positions].set(k, mode="drop")
+        cache_v = cache.v.at[layer, rows, positions].set(v, mode="drop")
+        keys, values = cache_k[layer], cache_v[layer]  # [B, S, n_kv, d_head]
+
+        # Grouped-query attention: the H query heads are n_kv groups of G heads.
+        b, t, h, hd = q.shape
+        groups = h // cfg.num_key_value_heads
+        q = q.reshape(b, t, cfg.num_key_value_heads, groups, hd)
+        scores = jnp.einsum("btngk,bsnk->bngts", q, keys).astype(jnp.float32) / jnp.sqrt(hd)
+        # Causal mask by absolute position: slot s is visible to a query at position p iff
+        # s <= p. Slots beyond the committed sequence are stale and always masked.
+        slots = jnp.arange(keys.shape[1])
+        visible = slots[None, None, :] <= positions[:, :, None]  # [B, T, S]
+        scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
+        weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+        out = jnp.einsum("bngts,bsnk->btngk", weights, values).reshape(b, t, h, hd)
+        out = jnp.einsum("bthk,hkd->btd", out, self.o_proj[...])
+        return out, cache.replace(k=cache_k, v=cache_v)
+
+
+class MLP(nnx.Module):
+    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
+        d, f = config.hidden_size, config.intermediate_size
+        self.gate_proj = nnx.Param(_init(rngs.params(), (d, f), dtype))
+        self.up_proj = nnx.Param(_init(rngs.params(), (d, f), dtype))
+        self.down_proj = nnx.Param(_init(rngs.params(), (f, d), dtype))
+
+    def __call__(self, x):  # [B, T, D] -> [B, T, D]
+        gate = jnp.einsum("btd,df->btf", x, self.gate_proj[...])
+        up = jnp.einsum("btd,df->btf", x, self.up_proj[...])
+        return jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, self.down_proj[...])
+
+
+class Block(nnx.Module):
+    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
+        self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.attn = Attention(config, dtype, rngs)
+        self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp = MLP(config, dtype, rngs)
+
+    def __call__(self, x, positions, cache: KVCache, layer: int):
+        h, cache = self.attn(self.input_norm(x), positions, cache, layer)
+        x = x + h
+        return x + self.mlp(self.post_attention_norm(x)), cache
+
+
+class Llama(nnx.Module):
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        dtype = jnp.dtype(config.dtype)
+        self.embed = nnx.Param(_init(rngs.params(), (config.vocab_size, config.hidden_size), dtype))
+        self.layers = nnx.List([Block(config, dtype, rngs) for _ in range(config.num_hidden_layers)])
+        self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        if not config.tie_word_embeddings:
+            self.lm_head = nnx.Param(_init(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
+        self.config = config
+
+    def __call__(self, tokens, positions, cache: KVCache):
+        """tokens, positions: [B, T] int32 -> (logits [B, T, V] float32, updated cache)."""
+        x = self.embed[...][tokens]  # [B, T, D]
+        for layer, block in enumerate(self.layers):
+            x, cache = block(x, positions, cache, layer)
+        x = self.final_norm(x)
+        if self.config.tie_word_embeddings:
+            logits = jnp.einsum("btd,vd->btv", x, self.embed[...])
+        else:
+            logits = jnp.einsum("btd,dv->btv", x, self.lm_head[...])
+        # Every position written by this call now holds valid K/V.
+        cache = cache.replace(lengths=jnp.max(positions, axis=1).astype(jnp.int32) + 1)
+        return logits.astype(jnp.float32), cache
+
+
+@functools.lru_cache(maxsize=None)
+def graphdef(config: ModelConfig) -> nnx.GraphDef:
+    """The static structure of the model for `config` (built once, without allocating)."""
+    abstract = nnx.eval_shape(lambda: Llama(config, rngs=nnx.Rngs(0)))
+    return nnx.split(abstract)[0]
+
+
+def init_params(config: ModelConfig, seed: int = 0) -> dict:
+    """Random parameters as a plain nested dict of arrays (std 0.02, norms at 1)."""
+    return nnx.to_pure_dict(nnx.state(Llama(config, rngs=nnx.Rngs(seed)), nnx.Param))
+
+
+def forward(config: ModelConfig, params: dict, tokens, positions, cache: KVCache):
+    """Pure forward: (params, tokens [B, T], positions [B, T], cache) -> (logits [B, T, V], cache)."""
+    return nnx.merge(graphdef(config), params)(tokens, positions, cache)
+
+
+def full_forward(config: ModelConfig, params: dict, tokens):
+    """Logits of a whole batch with no prior context: tokens [B, T] -> [B, T, V]."""
+    b, t = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    logits, _ = forward(config, params, tokens, positions, init_cache(config, b, t))
+    return logits

@@ -1,0 +1,47 @@
+"""specjax: speculative decoding you can measure."""
+
+from specjax.decode import DecodeState, generate
+from specjax.model import Model, init_model, logits
+from specjax.models import KVCache, ModelConfig, init_cache
+from specjax.output import GenerationOutput, GenerationStats
+from specjax.sampling import (
+    AcceptanceRule,
+    SamplingConfig,
+    greedy_rule,
+    probabilities,
+    rejection_sampling_rule,
+)
+from specjax.speculative import (
+    SpecPlan,
+    SpecState,
+    init_speculative_state,
+    speculative_generate,
+    speculative_step,
+    state_output,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AcceptanceRule",
+    "DecodeState",
+    "GenerationOutput",
+    "GenerationStats",
+    "KVCache",
+    "Model",
+    "ModelConfig",
+    "SamplingConfig",
+    "SpecPlan",
+    "SpecState",
+    "generate",
+    "greedy_rule",
+    "init_cache",
+    "init_model",
+    "init_speculative_state",
+    "logits",
+    "probabilities",
+    "rejection_sampling_rule",
+    "speculative_generate",
+    "speculative_step",
+    "state_output",
+]

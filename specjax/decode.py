@@ -1,0 +1,113 @@
+"""Plain autoregressive decoding: the baseline every speedup is measured against."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specjax._loop import commit, gather_tokens, prefill, token_buffer
+from specjax._prompts import prepare_prompts
+from specjax.model import Model
+from specjax.models import KVCache, ModelConfig, forward
+from specjax.output import GenerationOutput, collect_output
+from specjax.sampling import SamplingConfig, select
+
+
+@struct.dataclass
+class DecodeState:
+    tokens: jax.Array  # [B, S] int32: prompt + generated tokens, slot = position
+    lengths: jax.Array  # [B] int32: committed tokens per row, prompt included
+    prompt_lengths: jax.Array  # [B] int32
+    done: jax.Array  # [B] bool
+    cache: KVCache
+    rng: jax.Array
+    max_new_tokens: jax.Array  # [] int32
+    eos_token_id: jax.Array  # [] int32, -1 when there is none
+    row_rounds: jax.Array  # [B] int32: steps in which each row was still generating
+    forwards: jax.Array  # [] int32: batched target forwards (steps)
+
+
+def decode_step(config: ModelConfig, sampling: SamplingConfig, params, state: DecodeState) -> DecodeState:
+    """One token per live row: feed the last committed token, choose the next one."""
+    rng, key = jax.random.split(state.rng)
+    last = (state.lengths - 1)[:, None]  # [B, 1]
+    logits, cache = forward(config, params, gather_tokens(state.tokens, last), last, state.cache)
+    next_token = select(key, logits[:, 0], sampling)  # [B]
+    tokens, lengths, done = commit(
+        state.tokens,
+        state.lengths,
+        state.prompt_lengths,
+        state.done,
+        next_token[:, None],
+        jnp.ones_like(state.lengths),
+        state.max_new_tokens,
+        state.eos_token_id,
+    )
+    return state.replace(
+        tokens=tokens,
+        lengths=lengths,
+        done=done,
+        cache=cache,
+        rng=rng,
+        row_rounds=state.row_rounds + (~state.done).astype(jnp.int32),
+        forwards=state.forwards + 1,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("config", "sampling", "cache_length"))
+def _generate(params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, *, config, sampling, cache_length):
+    batch = prompt.shape[0]
+    state = DecodeState(
+        tokens=token_buffer(prompt, cache_length),
+        lengths=prompt_lengths,
+        prompt_lengths=prompt_lengths,
+        done=jnp.zeros((batch,), bool),
+        cache=prefill(config, params, prompt, prompt_lengths, cache_length),
+        rng=rng,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id,
+        row_rounds=jnp.zeros((batch,), jnp.int32),
+        forwards=jnp.zeros((), jnp.int32),
+    )
+
+    def cond_fn(state):
+        return ~jnp.all(state.done)
+
+    def body_fn(state):
+        return decode_step(config, sampling, params, state)
+
+    return jax.lax.while_loop(cond_fn, body_fn, state)
+
+
+def generate(
+    model: Model,
+    prompts,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    eos_token_id: int | None = None,
+) -> GenerationOutput:
+    """Plain decoding of a ragged batch of prompts (lists of token ids) in one jitted loop."""
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    batch = prepare_prompts(model, prompts, max_new_tokens, headroom=0)
+    state = _generate(
+        model.params,
+        jnp.asarray(batch.tokens),
+        jnp.asarray(batch.lengths),
+        jnp.int32(max_new_tokens),
+        jnp.int32(-1 if eos_token_id is None else eos_token_id),
+        jax.random.key(seed),
+        config=model.config,
+        sampling=sampling,
+        cache_length=batch.cache_length,
+    )
+    tokens, lengths, row_rounds, forwards = jax.device_get(
+        (state.tokens, state.lengths, state.row_rounds, state.forwards)
+    )
+    return collect_output(np.asarray(tokens), batch.lengths, lengths, row_rounds, forwards)

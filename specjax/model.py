@@ -1,0 +1,49 @@
+"""`Model`: a config plus a params pytree (plus a tokenizer once one is attached)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.models import ModelConfig, full_forward, init_params
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """What generation needs of a model. Draft and target are both a `Model`."""
+
+    config: ModelConfig
+    params: dict  # nested dict of arrays, the pure-dict form of the Flax NNX state
+    tokenizer: Any = None
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.params))
+
+
+def init_model(config: ModelConfig, seed: int = 0) -> Model:
+    """A randomly initialised model (std 0.02 weights) for `config`."""
+    return Model(config=config, params=init_params(config, seed))
+
+
+_full_forward = jax.jit(full_forward, static_argnums=0)
+
+
+def logits(model: Model, token_ids) -> np.ndarray:
+    """Full forward with no cache: token ids [B, T] (or [T]) -> float32 logits [B, T, V]."""
+    tokens = jnp.asarray(np.atleast_2d(np.asarray(token_ids, dtype=np.int32)))
+    _check_token_ids(model.config, tokens)
+    return np.asarray(_full_forward(model.config, model.params, tokens))
+
+
+def _check_token_ids(config: ModelConfig, tokens) -> None:
+    tokens = np.asarray(tokens)
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= config.vocab_size):
+        raise ValueError(
+            f"token ids must lie in [0, {config.vocab_size}) for this model, "
+            f"got ids in [{tokens.min()}, {tokens.max()}]"
+        )

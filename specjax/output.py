@@ -1,0 +1,79 @@
+"""What a generation call returns: the tokens and the counters behind every metric."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationStats:
+    """Counters of one generation call, summed over the rows of the batch.
+
+    Definitions (as in vLLM / EAGLE; see README "Metrics"):
+      rounds: row-rounds, i.e. for every row the number of rounds (speculative) or
+        decode steps (plain) in which it was still generating, summed over rows.
+      target_forwards: batched target forward passes of the loop (one per round or step,
+        however many rows it served); the prompt prefill is not counted.
+      drafted_tokens: K per row-round. accepted_tokens: draft tokens the target accepted.
+      acceptance_rate: accepted_tokens / drafted_tokens.
+      mean_acceptance_length: 1 + accepted_tokens / rounds, pooled over rows, i.e. tokens a
+        round yields counting the correction/bonus token (gpt-fast reports it without +1).
+      accepted_per_position: for i = 1..K, P(draft token i accepted | tokens 1..i-1 were).
+    """
+
+    rounds: int
+    target_forwards: int
+    drafted_tokens: int
+    accepted_tokens: int
+    generated_tokens: int
+    acceptance_rate: float
+    mean_acceptance_length: float
+    accepted_per_position: list[float]
+    per_row_mean_acceptance_length: list[float]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationOutput:
+    tokens: list[list[int]]  # generated ids per prompt, prompt excluded, cut after EOS
+    stats: GenerationStats
+
+
+def _ratio(num, den) -> float:
+    return float(num) / float(den) if den else 0.0
+
+
+def collect_output(tokens, prompt_lengths, lengths, row_rounds, target_forwards, accepted_at=None):
+    """Host-side assembly from final loop state arrays (numpy).
+
+    tokens [B, S]; prompt_lengths, lengths, row_rounds [B]; accepted_at [B, K] counts how
+    often draft position i was accepted (None for plain decoding).
+    """
+    generated = [tokens[b, prompt_lengths[b] : lengths[b]].tolist() for b in range(tokens.shape[0])]
+    row_rounds = np.asarray(row_rounds, np.int64)
+    rounds = int(row_rounds.sum())
+    if accepted_at is None:
+        accepted_at = np.zeros((len(generated), 0), np.int64)
+    accepted_at = np.asarray(accepted_at, np.int64)
+    k = accepted_at.shape[1]
+    row_accepted = accepted_at.sum(axis=1)
+    accepted = int(row_accepted.sum())
+    reached = np.concatenate([[rounds], accepted_at.sum(axis=0)])  # rounds that got to position i
+    stats = GenerationStats(
+        rounds=rounds,
+        target_forwards=int(target_forwards),
+        drafted_tokens=k * rounds,
+        accepted_tokens=accepted,
+        generated_tokens=sum(len(g) for g in generated),
+        acceptance_rate=_ratio(accepted, k * rounds),
+        mean_acceptance_length=1.0 + _ratio(accepted, rounds),
+        accepted_per_position=[_ratio(reached[i + 1], reached[i]) for i in range(k)],
+        per_row_mean_acceptance_length=[
+            1.0 + _ratio(a, r) for a, r in zip(row_accepted, row_rounds, strict=True)
+        ],
+    )
+    return GenerationOutput(tokens=generated, stats=stats)

@@ -1,0 +1,277 @@
+"""Speculative decoding: K draft steps, one target verify of width K + 1, per-row commits.
+
+Every round has static shapes. Per-row variable acceptance is carried by counts and
+masks, rollback is a length change, and the whole generation is one `lax.while_loop`
+over `speculative_step`, so a call compiles once and never returns to the host midway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specjax._loop import commit, gather_tokens, prefill, token_buffer
+from specjax._prompts import prepare_prompts
+from specjax.model import Model
+from specjax.models import KVCache, ModelConfig, forward
+from specjax.output import GenerationOutput, collect_output
+from specjax.sampling import AcceptanceRule, SamplingConfig, default_rule, probabilities, sample
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecPlan:
+    """Everything static about a speculative generation (hashable: a jit cache key)."""
+
+    target: ModelConfig
+    draft: ModelConfig
+    num_speculative_tokens: int
+    sampling: SamplingConfig
+    rule: AcceptanceRule
+
+
+@struct.dataclass
+class SpecState:
+    """The loop state of speculative decoding: one pytree, donated to every round."""
+
+    tokens: jax.Array  # [B, S] int32: prompt + committed tokens, slot = position
+    lengths: jax.Array  # [B] int32: committed tokens per row, prompt included
+    prompt_lengths: jax.Array  # [B] int32
+    done: jax.Array  # [B] bool
+    target_cache: KVCache
+    draft_cache: KVCache
+    rng: jax.Array
+    max_new_tokens: jax.Array  # [] int32
+    eos_token_id: jax.Array  # [] int32, -1 when there is none
+    row_rounds: jax.Array  # [B] int32: rounds in which each row was still generating
+    accepted_at: jax.Array  # [B, K] int32: rounds in which draft position i was accepted
+    forwards: jax.Array  # [] int32: batched target verify passes
+    plan: SpecPlan = struct.field(pytree_node=False)
+
+
+def _draw(key, logits, sampling: SamplingConfig):
+    """Draft token and the distribution it came from: logits [B, V] -> ([B], [B, V])."""
+    if sampling.greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), logits
+    q = probabilities(logits, sampling)
+    return sample(key, q), q
+
+
+def _propose(plan: SpecPlan, draft_params, state: SpecState, key):
+    """Draft K tokens per row. Returns (drafts [B, K], q [B, K, V], draft cache)."""
+    k = plan.num_speculative_tokens
+    lengths = state.lengths
+    # Catch-up, width 2: the draft cache can lag the committed sequence by two tokens
+    # (after full acceptance it has seen neither d_K nor the bonus; after a rejection it
+    # has not seen the correction). Rewriting a slot it already holds is harmless, and a
+    # one-token prompt simply feeds position 0 twice.
+    catch_up = jnp.maximum(lengths[:, None] + jnp.arange(-2, 0), 0)  # [B, 2]
+    logits, cache = forward(
+        plan.draft, draft_params, gather_tokens(state.tokens, catch_up), catch_up, state.draft_cache
+    )
+
+    def draft_step(carry, step_key):
+        cache, logits, position = carry  # logits [B, V] predict the token at `position` [B]
+        token, q = _draw(step_key, logits, plan.sampling)
+        logits, cache = forward(plan.draft, draft_params, token[:, None], position[:, None], cache)
+        return (cache, logits[:, 0], position + 1), (token, q)
+
+    keys = jax.random.split(key, k)
+    # K - 1 steps that draw and feed; d_K is drawn but not fed (next round's catch-up does).
+    (cache, logits, _), (tokens, qs) = jax.lax.scan(draft_step, (cache, logits[:, -1], lengths), keys[:-1])
+    last_token, last_q = _draw(keys[-1], logits, plan.sampling)
+    drafts = jnp.concatenate([tokens.T, last_token[:, None]], axis=1)  # [B, K]
+    q = jnp.concatenate([qs.transpose(1, 0, 2), last_q[:, None]], axis=1)  # [B, K, V]
+    return drafts, q, cache
+
+
+def _round(target_params, draft_params, state: SpecState) -> SpecState:
+    plan = state.plan
+    k = plan.num_speculative_tokens
+    rng, draft_key, accept_key = jax.random.split(state.rng, 3)
+    lengths = state.lengths  # L: the token at L - 1 is committed but not yet verified past
+    drafts, q, draft_cache = _propose(plan, draft_params, state, draft_key)
+
+    # Verify, width K + 1: [token at L-1, d_1..d_K] at positions L-1..L+K-1. Output i is
+    # the target's distribution p_{i+1} for the token at position L+i.
+    positions = lengths[:, None] - 1 + jnp.arange(k + 1)  # [B, K+1]
+    verify_tokens = jnp.concatenate([gather_tokens(state.tokens, positions[:, :1]), drafts], axis=1)
+    logits, target_cache = forward(plan.target, target_params, verify_tokens, positions, state.target_cache)
+    p = logits if plan.sampling.greedy else probabilities(logits, plan.sampling)
+    num_accepted, next_token = plan.rule(accept_key, drafts, p, q)  # [B], [B]
+
+    # Candidates [d_1..d_n, next, ...]: the first n + 1 count (before EOS/max cuts).
+    j = jnp.arange(k + 1)[None, :]
+    padded = jnp.concatenate([drafts, jnp.zeros_like(drafts[:, :1])], axis=1)
+    candidates = jnp.where(j == num_accepted[:, None], next_token[:, None], padded)
+    tokens, new_lengths, done = commit(
+        state.tokens,
+        lengths,
+        state.prompt_lengths,
+        state.done,
+        candidates,
+        num_accepted + 1,
+        state.max_new_tokens,
+        state.eos_token_id,
+    )
+    live = ~state.done
+    # Rollback is a length change: slots holding rejected drafts stay and get overwritten.
+    target_valid = jnp.minimum(lengths + num_accepted, new_lengths)
+    draft_valid = jnp.minimum(target_valid, lengths + k - 1)
+    return state.replace(
+        tokens=tokens,
+        lengths=new_lengths,
+        done=done,
+        target_cache=target_cache.replace(lengths=target_valid),
+        draft_cache=draft_cache.replace(lengths=draft_valid),
+        rng=rng,
+        row_rounds=state.row_rounds + live.astype(jnp.int32),
+        accepted_at=state.accepted_at + ((j[:, :k] < num_accepted[:, None]) & live[:, None]).astype(jnp.int32),
+        forwards=state.forwards + 1,
+    )
+
+
+def _init_state(target_params, draft_params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, plan, cache_length):
+    batch = prompt.shape[0]
+    return SpecState(
+        tokens=token_buffer(prompt, cache_length),
+        lengths=prompt_lengths,
+        prompt_lengths=prompt_lengths,
+        done=jnp.zeros((batch,), bool),
+        target_cache=prefill(plan.target, target_params, prompt, prompt_lengths, cache_length),
+        draft_cache=prefill(plan.draft, draft_params, prompt, prompt_lengths, cache_length),
+        rng=rng,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id,
+        row_rounds=jnp.zeros((batch,), jnp.int32),
+        accepted_at=jnp.zeros((batch, plan.num_speculative_tokens), jnp.int32),
+        forwards=jnp.zeros((), jnp.int32),
+        plan=plan,
+    )
+
+
+_jit_init_state = jax.jit(_init_state, static_argnames=("plan", "cache_length"))
+_jit_round = jax.jit(_round, donate_argnums=2)
+
+
+@functools.partial(jax.jit, static_argnames=("plan", "cache_length"))
+def _generate(target_params, draft_params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, plan, cache_length):
+    state = _init_state(
+        target_params, draft_params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, plan, cache_length
+    )
+
+    def cond_fn(state):
+        return ~jnp.all(state.done)
+
+    def body_fn(state):
+        return _round(target_params, draft_params, state)
+
+    return jax.lax.while_loop(cond_fn, body_fn, state)
+
+
+def _check_pair(target: Model, draft: Model, num_speculative_tokens) -> None:
+    if not isinstance(num_speculative_tokens, int | np.integer) or num_speculative_tokens < 1:
+        raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {num_speculative_tokens!r}")
+    if target.config.vocab_size != draft.config.vocab_size:
+        raise ValueError(
+            "draft and target must share a vocabulary: draft vocab_size "
+            f"{draft.config.vocab_size} != target vocab_size {target.config.vocab_size}"
+        )
+
+
+def _prepare(target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule):
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    _check_pair(target, draft, num_speculative_tokens)
+    batch = prepare_prompts(target, prompts, max_new_tokens, headroom=num_speculative_tokens + 1)
+    plan = SpecPlan(
+        target=target.config,
+        draft=draft.config,
+        num_speculative_tokens=int(num_speculative_tokens),
+        sampling=sampling,
+        rule=rule or default_rule(sampling),
+    )
+    return batch, plan
+
+
+def init_speculative_state(
+    target: Model,
+    draft: Model,
+    prompts,
+    num_speculative_tokens: int = 4,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    eos_token_id: int | None = None,
+    rule: AcceptanceRule | None = None,
+) -> SpecState:
+    """Prefill both models and return the state before the first round.
+
+    Drive rounds yourself with `state = speculative_step(target, draft, state)`; this is
+    what `speculative_generate` does inside one compiled while loop.
+    """
+    batch, plan = _prepare(target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule)
+    return _jit_init_state(
+        target.params,
+        draft.params,
+        jnp.asarray(batch.tokens),
+        jnp.asarray(batch.lengths),
+        jnp.int32(max_new_tokens),
+        jnp.int32(-1 if eos_token_id is None else eos_token_id),
+        jax.random.key(seed),
+        plan=plan,
+        cache_length=batch.cache_length,
+    )
+
+
+def speculative_step(target: Model, draft: Model, state: SpecState) -> SpecState:
+    """One jitted round (draft K, verify K + 1, commit per row). `state` is donated."""
+    return _jit_round(target.params, draft.params, state)
+
+
+def state_output(state: SpecState) -> GenerationOutput:
+    """Tokens and statistics of a (possibly unfinished) speculative state."""
+    tokens, prompt_lengths, lengths, row_rounds, accepted_at, forwards = jax.device_get(
+        (state.tokens, state.prompt_lengths, state.lengths, state.row_rounds, state.accepted_at, state.forwards)
+    )
+    return collect_output(np.asarray(tokens), prompt_lengths, lengths, row_rounds, forwards, accepted_at)
+
+
+def speculative_generate(
+    target: Model,
+    draft: Model,
+    prompts,
+    num_speculative_tokens: int = 4,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    eos_token_id: int | None = None,
+    rule: AcceptanceRule | None = None,
+) -> GenerationOutput:
+    """Speculative decoding of a ragged batch with `draft` proposing for `target`.
+
+    Greedy (temperature 0) output equals `generate(target, ...)` token for token; with
+    temperature > 0 every token is distributed exactly as the target's (rejection
+    sampling). `rule` replaces the acceptance rule (see specjax.sampling) for research
+    on lossy or alternative verification.
+    """
+    batch, plan = _prepare(target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule)
+    state = _generate(
+        target.params,
+        draft.params,
+        jnp.asarray(batch.tokens),
+        jnp.asarray(batch.lengths),
+        jnp.int32(max_new_tokens),
+        jnp.int32(-1 if eos_token_id is None else eos_token_id),
+        jax.random.key(seed),
+        plan=plan,
+        cache_length=batch.cache_length,
+    )
+    return state_output(state)
