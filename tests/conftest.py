@@ -1,0 +1,61 @@
+"""Tiny models (a few thousand parameters) for CPU tests.
+
+Random init at std 0.02 gives nearly uniform, repetitive outputs; the weights are scaled
+up so that greedy paths vary and distributions are peaked, which is what the tests need
+to be able to fail.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import specjax
+
+TARGET_CONFIG = specjax.ModelConfig(
+    vocab_size=48,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+)
+
+SMALL_DRAFT_CONFIG = TARGET_CONFIG.replace(
+    hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1
+)
+
+
+def scaled_model(config: specjax.ModelConfig, seed: int, scale: float = 8.0) -> specjax.Model:
+    model = specjax.init_model(config, seed)
+    params = jax.tree.map(lambda x: x * scale if x.ndim > 1 else x, model.params)
+    return specjax.Model(config, params)
+
+
+def noisy_copy(model: specjax.Model, noise: float, seed: int) -> specjax.Model:
+    """A draft that tracks `model` imperfectly: every weight gets relative Gaussian noise."""
+    leaves, treedef = jax.tree.flatten(model.params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    noisy = [x + noise * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
+    return specjax.Model(model.config, jax.tree.unflatten(treedef, noisy))
+
+
+@pytest.fixture(scope="session")
+def target():
+    return scaled_model(TARGET_CONFIG, seed=0)
+
+
+@pytest.fixture(scope="session")
+def noisy_draft(target):
+    return noisy_copy(target, noise=0.1, seed=3)
+
+
+@pytest.fixture(scope="session")
+def small_draft():
+    return scaled_model(SMALL_DRAFT_CONFIG, seed=1)
+
+
+RAGGED_PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [7], [30, 31]]
