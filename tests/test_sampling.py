@@ -1,0 +1,185 @@
+"""Speculative sampling must emit exactly the target's distribution.
+
+Each distribution test has a negative control: an "always accept" rule (which emits the
+draft's distribution) must fail the very same test, proving the test can fail.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import TARGET_CONFIG, scaled_model
+from scipy import stats
+
+import specjax
+from specjax.sampling import sample
+
+SAMPLES = 6000
+P_VALUE_PASS = 1e-3  # a correct sampler fails this one run in a thousand
+P_VALUE_FAIL = 1e-8
+
+
+def always_accept_rule(key, draft_tokens, p, q):
+    """Wrong on purpose: accepts every draft token, so the output follows the draft."""
+    del q
+    k = draft_tokens.shape[1]
+    return jnp.full(draft_tokens.shape[:1], k, jnp.int32), sample(key, p[:, k])
+
+
+def chi_square_p_value(samples: np.ndarray, expected: np.ndarray) -> float:
+    """Pearson chi-square of integer samples against probabilities over their support.
+
+    Cells with expected count < 5 are pooled into one so the test stays valid.
+    """
+    observed = np.bincount(samples, minlength=expected.size).astype(np.float64)
+    expected = np.asarray(expected, np.float64) * len(samples)
+    if observed[expected == 0].sum() > 0:
+        return 0.0  # a token the distribution excludes (top-k / top-p) was emitted
+    small = (expected < 5) & (expected > 0)
+    observed = np.append(observed[expected >= 5], observed[small].sum())
+    expected = np.append(expected[expected >= 5], expected[small].sum())
+    if expected[-1] == 0:
+        observed, expected = observed[:-1], expected[:-1]
+    return stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
+
+
+# --- The acceptance rule alone, on fixed hand-made distributions ---------------------------
+
+
+def _fixed_distributions(batch, k, vocab, seed):
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.ones(vocab) * 0.5, size=k + 1)  # [K+1, V]
+    q = rng.dirichlet(np.ones(vocab) * 0.5, size=k)  # [K, V]
+    return (jnp.broadcast_to(jnp.asarray(p, jnp.float32), (batch, k + 1, vocab)),
+            jnp.broadcast_to(jnp.asarray(q, jnp.float32), (batch, k, vocab)))
+
+
+@pytest.mark.parametrize("rule_name", ["exact", "always_accept"])
+def test_rule_first_token_follows_target(rule_name):
+    batch, k, vocab = 20000, 3, 6
+    p, q = _fixed_distributions(batch, k, vocab, seed=0)
+    draft_key, rule_key = jax.random.split(jax.random.key(0))
+    # The draft samples each d_i from q_i (independent of earlier d's: fixed distributions).
+    drafts = sample(draft_key, q)  # [B, K]
+    rule = specjax.rejection_sampling_rule if rule_name == "exact" else always_accept_rule
+    n, next_token = jax.jit(rule)(rule_key, drafts, p, q)
+    first = np.where(np.asarray(n) > 0, np.asarray(drafts[:, 0]), np.asarray(next_token))
+    p_value = chi_square_p_value(first, np.asarray(p[0, 0]))
+    if rule_name == "exact":
+        assert p_value > P_VALUE_PASS
+        # Acceptance of position 1 is sum_x min(p, q) = 1 - TV(p, q).
+        expected_alpha = float(jnp.minimum(p[0, 0], q[0, 0]).sum())
+        assert abs(float(np.mean(np.asarray(n) > 0)) - expected_alpha) < 0.02
+    else:
+        assert p_value < P_VALUE_FAIL
+
+
+def test_greedy_rule_exact_cases():
+    """vLLM-style exact cases: draft [1, 2, 3] against target argmaxes."""
+    vocab = 6
+
+    def one_hot_logits(ids):
+        return jax.nn.one_hot(jnp.asarray(ids), vocab)[None]  # [1, K+1, V]
+
+    drafts = jnp.asarray([[1, 2, 3]])
+    n, nxt = specjax.greedy_rule(None, drafts, one_hot_logits([1, 2, 3, 4]), None)
+    assert (int(n[0]), int(nxt[0])) == (3, 4)  # all accepted + bonus
+    n, nxt = specjax.greedy_rule(None, drafts, one_hot_logits([1, 5, 3, 4]), None)
+    assert (int(n[0]), int(nxt[0])) == (1, 5)  # rejected at 2, corrected; the later match is waste
+    n, nxt = specjax.greedy_rule(None, drafts, one_hot_logits([0, 2, 3, 4]), None)
+    assert (int(n[0]), int(nxt[0])) == (0, 0)
+
+
+# --- The whole engine, on tiny models with a 8-token vocabulary ------------------------------
+
+VOCAB8 = TARGET_CONFIG.replace(vocab_size=8)
+PROMPT = [1, 2, 3]
+
+
+def _exact_joint(target, sampling: specjax.SamplingConfig) -> np.ndarray:
+    """p(t1, t2 | prompt) under the processed target distribution -> [V * V]."""
+    vocab = target.config.vocab_size
+    first = specjax.probabilities(jnp.asarray(specjax.logits(target, [PROMPT])[0, -1]), sampling)
+    seconds = specjax.logits(target, [[*PROMPT, t] for t in range(vocab)])[:, -1]  # [V, V]
+    second = specjax.probabilities(jnp.asarray(seconds), sampling)
+    return np.asarray(first[:, None] * second).reshape(-1)
+
+
+@pytest.fixture(scope="module")
+def pair8():
+    target = scaled_model(VOCAB8, seed=0, scale=6.0)
+    draft = scaled_model(VOCAB8.replace(num_hidden_layers=1), seed=5, scale=6.0)
+    return target, draft
+
+
+SAMPLINGS = {
+    "t1": dict(temperature=1.0),
+    "t0.7_topk5_topp0.9": dict(temperature=0.7, top_k=5, top_p=0.9),
+}
+
+
+@pytest.mark.parametrize("rule_name", ["exact", "always_accept"])
+@pytest.mark.parametrize("sampling_name", sorted(SAMPLINGS))
+def test_speculative_sampling_joint_of_first_two_tokens(pair8, sampling_name, rule_name):
+    target, draft = pair8
+    kwargs = SAMPLINGS[sampling_name]
+    expected = _exact_joint(target, specjax.SamplingConfig(**kwargs))
+    draft_joint = _exact_joint(draft, specjax.SamplingConfig(**kwargs))
+    assert 0.5 * np.abs(expected - draft_joint).sum() > 0.2, "draft too close to target for a negative control"
+
+    rule = None if rule_name == "exact" else always_accept_rule
+    out = specjax.speculative_generate(
+        target, draft, [PROMPT] * SAMPLES, num_speculative_tokens=2, max_new_tokens=2, seed=1, rule=rule, **kwargs
+    )
+    tokens = np.asarray(out.tokens)
+    p_value = chi_square_p_value(tokens[:, 0] * 8 + tokens[:, 1], expected)
+    if rule_name == "exact":
+        assert p_value > P_VALUE_PASS
+        assert 0.0 < out.stats.acceptance_rate < 1.0
+    else:
+        assert p_value < P_VALUE_FAIL
+
+
+def test_plain_sampling_joint_of_first_two_tokens(pair8):
+    target, _ = pair8
+    expected = _exact_joint(target, specjax.SamplingConfig(temperature=1.0))
+    out = specjax.generate(target, [PROMPT] * SAMPLES, max_new_tokens=2, temperature=1.0, seed=2)
+    tokens = np.asarray(out.tokens)
+    assert chi_square_p_value(tokens[:, 0] * 8 + tokens[:, 1], expected) > P_VALUE_PASS
+
+
+def test_acceptance_differs_between_greedy_and_sampling(pair8):
+    target, draft = pair8
+    prompts = [PROMPT] * 64
+    greedy = specjax.speculative_generate(target, draft, prompts, num_speculative_tokens=3, max_new_tokens=16)
+    sampled = specjax.speculative_generate(
+        target, draft, prompts, num_speculative_tokens=3, max_new_tokens=16, temperature=1.0
+    )
+    assert greedy.stats.acceptance_rate != sampled.stats.acceptance_rate
+
+
+# --- Seeds, and the processed distributions ------------------------------------------------
+
+
+def test_same_seed_same_output_and_seeds_differ(target, noisy_draft):
+    prompts = [[1, 2, 3], [4, 5]] * 4
+    run = lambda seed: specjax.speculative_generate(  # noqa: E731
+        target, noisy_draft, prompts, num_speculative_tokens=3, max_new_tokens=16, temperature=1.0, seed=seed
+    ).tokens
+    first = run(7)
+    assert run(7) == first
+    assert run(8) != first
+    assert first[0] != first[2], "rows must draw independent randomness"
+
+
+def test_top_k_and_top_p_truncate_the_distribution():
+    logits = jnp.log(jnp.asarray([0.5, 0.2, 0.15, 0.1, 0.05]))
+    top2 = np.asarray(specjax.probabilities(logits, specjax.SamplingConfig(1.0, top_k=2)))
+    np.testing.assert_allclose(top2, [0.5 / 0.7, 0.2 / 0.7, 0, 0, 0], rtol=1e-5)
+    # top_p 0.8: 0.5 + 0.2 = 0.7 < 0.8, so 0.15 is needed to reach the mass; 0.1 is not.
+    nucleus = np.asarray(specjax.probabilities(logits, specjax.SamplingConfig(1.0, top_p=0.8)))
+    np.testing.assert_allclose(nucleus, np.array([0.5, 0.2, 0.15, 0, 0]) / 0.85, rtol=1e-5)
+    cold = np.asarray(specjax.probabilities(logits, specjax.SamplingConfig(0.5)))
+    np.testing.assert_allclose(cold, np.array([0.5, 0.2, 0.15, 0.1, 0.05]) ** 2 / 0.325, rtol=1e-5)
