@@ -146,7 +146,7 @@ class Llama(nnx.Module):
         return logits.astype(jnp.float32), cache
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def graphdef(config: ModelConfig) -> nnx.GraphDef:
     """The static structure of the model for `config` (built once, without allocating)."""
     abstract = nnx.eval_shape(lambda: Llama(config, rngs=nnx.Rngs(0)))

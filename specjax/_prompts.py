@@ -41,7 +41,12 @@ def prepare_prompts(model: Model, prompts, max_new_tokens: int, headroom: int) -
         raise ValueError("prompts is empty: pass at least one prompt")
     rows = []
     for i, prompt in enumerate(prompts):
-        row = np.asarray(prompt, dtype=np.int64).reshape(-1)
+        row = np.asarray(prompt, dtype=np.int64)
+        if row.ndim != 1:
+            raise ValueError(
+                f"prompt {i} must be a flat list of token ids, got an array of shape {row.shape} "
+                "(prompts is a list of prompts, one per row)"
+            )
         if row.size == 0:
             raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
         rows.append(row)

@@ -72,8 +72,6 @@ def collect_output(tokens, prompt_lengths, lengths, row_rounds, target_forwards,
         acceptance_rate=_ratio(accepted, k * rounds),
         mean_acceptance_length=1.0 + _ratio(accepted, rounds),
         accepted_per_position=[_ratio(reached[i + 1], reached[i]) for i in range(k)],
-        per_row_mean_acceptance_length=[
-            1.0 + _ratio(a, r) for a, r in zip(row_accepted, row_rounds, strict=True)
-        ],
+        per_row_mean_acceptance_length=[1.0 + _ratio(a, r) for a, r in zip(row_accepted, row_rounds, strict=True)],
     )
     return GenerationOutput(tokens=generated, stats=stats)

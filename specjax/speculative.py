@@ -135,7 +135,9 @@ def _round(target_params, draft_params, state: SpecState) -> SpecState:
     )
 
 
-def _init_state(target_params, draft_params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, plan, cache_length):
+def _init_state(
+    target_params, draft_params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, plan, cache_length
+):
     batch = prompt.shape[0]
     return SpecState(
         tokens=token_buffer(prompt, cache_length),
@@ -159,9 +161,19 @@ _jit_round = jax.jit(_round, donate_argnums=2)
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "cache_length"))
-def _generate(target_params, draft_params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, plan, cache_length):
+def _generate(
+    target_params, draft_params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, plan, cache_length
+):
     state = _init_state(
-        target_params, draft_params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, plan, cache_length
+        target_params,
+        draft_params,
+        prompt,
+        prompt_lengths,
+        max_new_tokens,
+        eos_token_id,
+        rng,
+        plan,
+        cache_length,
     )
 
     def cond_fn(state):
@@ -215,7 +227,9 @@ def init_speculative_state(
     Drive rounds yourself with `state = speculative_step(target, draft, state)`; this is
     what `speculative_generate` does inside one compiled while loop.
     """
-    batch, plan = _prepare(target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule)
+    batch, plan = _prepare(
+        target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule
+    )
     return _jit_init_state(
         target.params,
         draft.params,
@@ -237,7 +251,14 @@ def speculative_step(target: Model, draft: Model, state: SpecState) -> SpecState
 def state_output(state: SpecState) -> GenerationOutput:
     """Tokens and statistics of a (possibly unfinished) speculative state."""
     tokens, prompt_lengths, lengths, row_rounds, accepted_at, forwards = jax.device_get(
-        (state.tokens, state.prompt_lengths, state.lengths, state.row_rounds, state.accepted_at, state.forwards)
+        (
+            state.tokens,
+            state.prompt_lengths,
+            state.lengths,
+            state.row_rounds,
+            state.accepted_at,
+            state.forwards,
+        )
     )
     return collect_output(np.asarray(tokens), prompt_lengths, lengths, row_rounds, forwards, accepted_at)
 
@@ -262,7 +283,9 @@ def speculative_generate(
     sampling). `rule` replaces the acceptance rule (see specjax.sampling) for research
     on lossy or alternative verification.
     """
-    batch, plan = _prepare(target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule)
+    batch, plan = _prepare(
+        target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule
+    )
     state = _generate(
         target.params,
         draft.params,

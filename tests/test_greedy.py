@@ -55,7 +55,9 @@ def test_draft_equal_to_target_accepts_everything(target, plain, k):
 
 
 def test_batched_equals_per_row(target, noisy_draft):
-    batched = specjax.speculative_generate(target, noisy_draft, RAGGED_PROMPTS, num_speculative_tokens=3, max_new_tokens=20)
+    batched = specjax.speculative_generate(
+        target, noisy_draft, RAGGED_PROMPTS, num_speculative_tokens=3, max_new_tokens=20
+    )
     for prompt, tokens in zip(RAGGED_PROMPTS, batched.tokens, strict=True):
         alone = specjax.speculative_generate(target, noisy_draft, [prompt], num_speculative_tokens=3, max_new_tokens=20)
         assert alone.tokens == [tokens]
@@ -84,14 +86,18 @@ def test_rows_stop_at_eos_while_others_continue(target, noisy_draft, plain, spec
 
 def test_max_new_tokens_is_exact_for_every_row(target, noisy_draft):
     for n in (1, 2, 7):
-        out = specjax.speculative_generate(target, noisy_draft, RAGGED_PROMPTS, num_speculative_tokens=4, max_new_tokens=n)
+        out = specjax.speculative_generate(
+            target, noisy_draft, RAGGED_PROMPTS, num_speculative_tokens=4, max_new_tokens=n
+        )
         assert [len(t) for t in out.tokens] == [n] * len(RAGGED_PROMPTS)
 
 
 def test_driving_rounds_one_by_one(target, noisy_draft, plain):
     """speculative_step is the loop body: stepping it by hand gives generate's result."""
     k = 3
-    state = specjax.init_speculative_state(target, noisy_draft, RAGGED_PROMPTS, num_speculative_tokens=k, max_new_tokens=24)
+    state = specjax.init_speculative_state(
+        target, noisy_draft, RAGGED_PROMPTS, num_speculative_tokens=k, max_new_tokens=24
+    )
     rounds = 0
     while not bool(state.done.all()):
         before = np.asarray(state.lengths)

@@ -7,11 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import TARGET_CONFIG, scaled_model
-
-import specjax
-from specjax.models import init_cache
 from specjax.models import forward as _forward
 from specjax.models import full_forward as _full_forward
+from specjax.models import init_cache
+
+import specjax
 
 # Jitted once per config: eager op-by-op dispatch of the model would dominate test time.
 forward = jax.jit(_forward, static_argnums=0)
@@ -85,9 +85,7 @@ def test_per_row_positions_in_one_batch(target):
         pos = offsets + step
         step_tokens = tokens[np.arange(2), pos][:, None]
         logits, cache = forward(config, target.params, jnp.asarray(step_tokens), jnp.asarray(pos[:, None]), cache)
-        np.testing.assert_allclose(
-            np.asarray(logits[:, 0]), reference[np.arange(2), pos], atol=2e-5, rtol=1e-5
-        )
+        np.testing.assert_allclose(np.asarray(logits[:, 0]), reference[np.arange(2), pos], atol=2e-5, rtol=1e-5)
 
 
 def test_logits_api_and_parameter_count(target):

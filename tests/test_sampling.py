@@ -52,8 +52,10 @@ def _fixed_distributions(batch, k, vocab, seed):
     rng = np.random.default_rng(seed)
     p = rng.dirichlet(np.ones(vocab) * 0.5, size=k + 1)  # [K+1, V]
     q = rng.dirichlet(np.ones(vocab) * 0.5, size=k)  # [K, V]
-    return (jnp.broadcast_to(jnp.asarray(p, jnp.float32), (batch, k + 1, vocab)),
-            jnp.broadcast_to(jnp.asarray(q, jnp.float32), (batch, k, vocab)))
+    return (
+        jnp.broadcast_to(jnp.asarray(p, jnp.float32), (batch, k + 1, vocab)),
+        jnp.broadcast_to(jnp.asarray(q, jnp.float32), (batch, k, vocab)),
+    )
 
 
 @pytest.mark.parametrize("rule_name", ["exact", "always_accept"])
@@ -131,7 +133,14 @@ def test_speculative_sampling_joint_of_first_two_tokens(pair8, sampling_name, ru
 
     rule = None if rule_name == "exact" else always_accept_rule
     out = specjax.speculative_generate(
-        target, draft, [PROMPT] * SAMPLES, num_speculative_tokens=2, max_new_tokens=2, seed=1, rule=rule, **kwargs
+        target,
+        draft,
+        [PROMPT] * SAMPLES,
+        num_speculative_tokens=2,
+        max_new_tokens=2,
+        seed=1,
+        rule=rule,
+        **kwargs,
     )
     tokens = np.asarray(out.tokens)
     p_value = chi_square_p_value(tokens[:, 0] * 8 + tokens[:, 1], expected)
@@ -165,9 +174,12 @@ def test_acceptance_differs_between_greedy_and_sampling(pair8):
 
 def test_same_seed_same_output_and_seeds_differ(target, noisy_draft):
     prompts = [[1, 2, 3], [4, 5]] * 4
-    run = lambda seed: specjax.speculative_generate(  # noqa: E731
-        target, noisy_draft, prompts, num_speculative_tokens=3, max_new_tokens=16, temperature=1.0, seed=seed
-    ).tokens
+
+    def run(seed):
+        return specjax.speculative_generate(
+            target, noisy_draft, prompts, num_speculative_tokens=3, max_new_tokens=16, temperature=1.0, seed=seed
+        ).tokens
+
     first = run(7)
     assert run(7) == first
     assert run(8) != first

@@ -1,0 +1,75 @@
+"""One compiled program per call signature: no recompiles across rounds or repeated calls."""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import pytest
+from conftest import RAGGED_PROMPTS
+
+import specjax
+
+
+class _CompileLog(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if message.startswith("Compiling "):
+            self.names.append(message.split()[1])
+
+
+@pytest.fixture
+def compiles():
+    handler = _CompileLog()
+    logger = logging.getLogger("jax")
+    logger.addHandler(handler)
+    with jax.log_compiles(True):
+        yield handler.names
+    logger.removeHandler(handler)
+
+
+def _generation_compiles(names):
+    return [n for n in names if "_generate" in n or "_round" in n]
+
+
+def test_no_recompile_on_second_speculative_call(target, noisy_draft, compiles):
+    kwargs = dict(num_speculative_tokens=3, max_new_tokens=20)
+    specjax.speculative_generate(target, noisy_draft, RAGGED_PROMPTS, **kwargs)
+    first = len(_generation_compiles(compiles))
+    assert first == 1
+    # Same batch size, K and prompt bucket; different prompts, lengths, seed, EOS and a
+    # max_new_tokens inside the same cache bucket.
+    other = [list(reversed(p)) for p in RAGGED_PROMPTS[1:]] + [[5, 6, 7, 8, 9]]
+    specjax.speculative_generate(target, noisy_draft, other, seed=3, eos_token_id=4, **kwargs)
+    specjax.speculative_generate(target, noisy_draft, other, num_speculative_tokens=3, max_new_tokens=22)
+    assert len(_generation_compiles(compiles)) == first
+
+
+def test_no_recompile_on_second_plain_call(target, compiles):
+    specjax.generate(target, RAGGED_PROMPTS, max_new_tokens=20)
+    first = len(_generation_compiles(compiles))
+    assert first == 1
+    # The longest prompt (17 tokens) and this one (20) share the 32-token bucket.
+    specjax.generate(target, [[9] * 20] * len(RAGGED_PROMPTS), max_new_tokens=21, seed=4)
+    assert len(_generation_compiles(compiles)) == first
+
+
+def test_speculative_step_compiles_once_across_rounds(target, noisy_draft, compiles):
+    state = specjax.init_speculative_state(
+        target, noisy_draft, RAGGED_PROMPTS, num_speculative_tokens=2, max_new_tokens=16
+    )
+    for _ in range(5):
+        state = specjax.speculative_step(target, noisy_draft, state)
+    assert len([n for n in compiles if "_round" in n]) == 1
+
+
+def test_new_k_is_a_new_program(target, noisy_draft, compiles):
+    """The counter above is real: changing a static value does compile."""
+    specjax.speculative_generate(target, noisy_draft, RAGGED_PROMPTS, num_speculative_tokens=2, max_new_tokens=8)
+    before = len(_generation_compiles(compiles))
+    specjax.speculative_generate(target, noisy_draft, RAGGED_PROMPTS, num_speculative_tokens=4, max_new_tokens=8)
+    assert len(_generation_compiles(compiles)) == before + 1
