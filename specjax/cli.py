@@ -33,15 +33,24 @@ examples:
 """
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Show defaults, except the uninformative None/False ones."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _add_generate(subparsers) -> None:
     p = subparsers.add_parser(
         "generate",
         help="generate text with speculative (or plain) decoding and print acceptance statistics",
         description="Generate from one or more prompts (one batch) and print the text and statistics.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     names = ", ".join(sorted(RANDOM_PRESETS))
-    p.add_argument("--prompt", action="append", help="prompt text; repeat for a batch (default: 'def ')")
+    p.add_argument("--prompt", action="append", help="prompt text; repeat for a batch ('def ' if none is given)")
     p.add_argument("--target", default="random-target", help=f"target model ({names})")
     p.add_argument("--draft", default="random-draft", help=f"draft model ({names})")
     p.add_argument("--plain", action="store_true", help="plain decoding with the target only (the baseline)")
