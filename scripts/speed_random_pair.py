@@ -5,7 +5,7 @@ cost of a round (K draft steps + one verify) against plain steps, not a real spe
 Plain and speculative runs are interleaved in one process and the medians compared, so
 the ratio holds on a noisy shared machine.
 
-    python scripts/speed_random_pair.py --ks 1 2 4 8 --out runs/speed_random_pair.json
+    python scripts/speed_random_pair.py --ks 1 2 4 8 --out results/speed_random_pair.json
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=Path("runs/speed_random_pair.json"))
+    parser.add_argument("--out", type=Path, default=Path("results/speed_random_pair.json"))
     args = parser.parse_args()
 
     target, draft = resolve_model("random-target"), resolve_model("random-draft", seed=1)
