@@ -23,13 +23,14 @@ target's distribution exactly.
 """
 
 _EPILOG = """\
-commands still to come: train (pretrain a model on the stdlib corpus), distill (train a
-draft toward a target), bench (config-driven experiments with plots).
+commands still to come: distill (train a draft toward a target), bench (config-driven
+experiments with plots).
 
 examples:
   specjax generate --prompt "def parse_args(" -k 4
   specjax generate --prompt "import os" --plain --max-new-tokens 32
   specjax generate --prompt "x" --prompt "class Foo:" --temperature 1.0 --seed 3 --json
+  specjax train --config configs/train_target.yaml --out runs/target
 """
 
 
@@ -112,6 +113,38 @@ def _generate(args) -> int:
     return 0
 
 
+def _add_train(subparsers) -> None:
+    p = subparsers.add_parser(
+        "train",
+        help="pretrain a model on the stdlib corpus (resumes automatically)",
+        description="Train a byte-level model on the Python standard-library corpus. Rerunning the same "
+        "command with the same --out resumes from the newest checkpoint, even after kill -9.",
+        formatter_class=_HelpFormatter,
+    )
+    p.add_argument("--config", required=True, help="YAML file of a TrainConfig (see configs/train_*.yaml)")
+    p.add_argument("--out", required=True, help="run directory: checkpoints, metrics.jsonl, train_config.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    p.add_argument("--export", help="also write the final model in Hugging Face format to this directory")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_train)
+
+
+def _train(args) -> int:
+    from specjax.configs import load_config
+    from specjax.train import TrainConfig, evaluate, train
+
+    config = load_config(TrainConfig, args.config, args.set)
+    print(f"training {config.model.num_parameters:,} parameters for {config.steps} steps into {args.out}")
+    model = train(config, args.out, progress=not args.no_progress)
+    print("validation bits/byte:", json.dumps(evaluate(model)))
+    if args.export:
+        from specjax.hf import save_model
+
+        save_model(model, args.export)
+        print(f"exported to {args.export}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specjax",
@@ -121,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_generate(subparsers)
+    _add_train(subparsers)
     return parser
 
 

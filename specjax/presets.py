@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import specjax.models
 from specjax.model import Model, init_model
 from specjax.models import ModelConfig
 from specjax.tokenizer import ByteTokenizer
@@ -31,6 +34,22 @@ RANDOM_PRESETS: dict[str, ModelConfig] = {
         tie_word_embeddings=False,
     ),
 }
+
+
+# The embedded pair ships inside the models package as HF-format directories.
+EMBEDDED_DIR = Path(specjax.models.__file__).resolve().parent / "pretrained"
+
+
+def embedded_names() -> list[str]:
+    """Names of the model directories shipped under specjax/models/pretrained/."""
+    if not EMBEDDED_DIR.is_dir():
+        return []
+    return sorted(p.name for p in EMBEDDED_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def embedded_path(name: str) -> Path | None:
+    """Directory of the embedded model `name`, or None if there is no such model."""
+    return EMBEDDED_DIR / name if name in embedded_names() else None
 
 
 def resolve_model(name: str, seed: int = 0) -> Model:
