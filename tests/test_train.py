@@ -1,0 +1,95 @@
+"""Training: the loss falls, and an interrupted run resumes to the same parameters."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from specjax.configs import dump_config, load_config
+from specjax.train import TrainConfig, train
+
+TINY = [
+    "model.vocab_size=259",
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.num_hidden_layers=2",
+    "model.num_attention_heads=2",
+    "model.num_key_value_heads=1",
+    "model.max_position_embeddings=64",
+    "data.seq_len=32",
+    "data.batch_size=4",
+    "optim.warmup_steps=2",
+    "optim.learning_rate=0.01",
+    "checkpoint_every=4",
+    "eval_every=6",
+    "eval_windows=2",
+    "log_every=2",
+]
+
+
+def _config(steps: int) -> TrainConfig:
+    return load_config(TrainConfig, None, [*TINY, f"steps={steps}"])
+
+
+def _assert_same_params(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+
+
+def test_loss_decreases_and_metrics_are_written(tmp_path):
+    train(_config(30), tmp_path, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(2, 31, 2))
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.5
+    assert "val_bits_per_byte_code" in rows[2] and "val_bits_per_byte_prose" in rows[-1]
+    assert all(r["tokens_per_second"] > 0 for r in rows)
+
+
+def test_resume_reaches_the_uninterrupted_parameters(tmp_path):
+    straight = train(_config(12), tmp_path / "straight", progress=False)
+    first = train(_config(12), tmp_path / "resumed", progress=False, stop_after=6)  # checkpoint at 4, stops at 6
+    assert not np.allclose(jax.tree.leaves(first.params)[0], jax.tree.leaves(straight.params)[0])
+    resumed = train(_config(12), tmp_path / "resumed", progress=False)
+    _assert_same_params(resumed.params, straight.params)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)), "metrics after the checkpoint must not be duplicated"
+
+
+def test_a_run_dir_refuses_a_different_config(tmp_path):
+    train(_config(4), tmp_path, progress=False)
+    with pytest.raises(ValueError, match="holds a run with a different config"):
+        train(_config(5), tmp_path, progress=False)
+
+
+def test_kill_9_during_training_then_resume(tmp_path):
+    """A real SIGKILL mid-run: the restarted command ends where an uninterrupted run does."""
+    config = _config(40)
+    config_path = tmp_path / "tiny.yaml"
+    dump_config(config, config_path)
+    run_dir = tmp_path / "killed"
+    command = [sys.executable, "-m", "specjax.cli", "train", "--config", str(config_path), "--out", str(run_dir)]
+    process = subprocess.Popen([*command, "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoints = run_dir / "checkpoints"
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None:
+        if checkpoints.exists() and any(p.name.isdigit() and int(p.name) >= 8 for p in checkpoints.iterdir()):
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "training finished before it could be killed; make the run longer"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    completed = [int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()]
+    assert completed and max(completed) < 40
+
+    subprocess.run([*command, "--no-progress"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    resumed = train(config, run_dir, progress=False)  # already complete: restores the final checkpoint
+    straight = train(config, tmp_path / "straight", progress=False)
+    _assert_same_params(resumed.params, straight.params)
