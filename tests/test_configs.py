@@ -22,7 +22,7 @@ def test_load_with_overrides(tmp_path):
 def test_unknown_key_names_its_path(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("model:\n  hiden_size: 32\n")
-    with pytest.raises(ValueError, match="unknown config key model.hiden_size"):
+    with pytest.raises(ValueError, match=r"unknown config key model\.hiden_size"):
         load_config(TrainConfig, path)
 
 
