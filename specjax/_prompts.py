@@ -17,6 +17,7 @@ class PromptBatch:
     tokens: np.ndarray  # [B, T_bucket] int32, each row right-padded with zeros
     lengths: np.ndarray  # [B] int32, true prompt lengths
     cache_length: int  # slots per row of every cache and of the token buffer
+    is_text: bool = False  # prompts came as strings: decode the output to text too
 
     @property
     def batch_size(self) -> int:
@@ -28,15 +29,27 @@ def _bucket(n: int) -> int:
     return max(_MIN_PROMPT_BUCKET, 1 << (n - 1).bit_length())
 
 
+def _encode(model: Model, prompts) -> tuple[list, bool]:
+    """Strings (one, or a list) become token ids with the model's tokenizer."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if not (isinstance(prompts, list | tuple) and prompts and all(isinstance(p, str) for p in prompts)):
+        return prompts, False
+    if model.tokenizer is None:
+        raise ValueError("text prompts need a model with a tokenizer; pass lists of token ids instead")
+    return [model.tokenizer.encode(p) for p in prompts], True
+
+
 def prepare_prompts(model: Model, prompts, max_new_tokens: int, headroom: int) -> PromptBatch:
-    """Validate `prompts` (a list of token-id lists) and right-pad them to a bucket.
+    """Validate `prompts` (token-id lists, or strings if the model has a tokenizer) and right-pad them.
 
     `headroom` is how many slots past the last generated token a round may write
     (K + 1 for speculative decoding): positions must stay below max_position_embeddings,
     and slots must exist, because a scatter past the end would be silently dropped.
     """
-    if isinstance(prompts, str | bytes) or not isinstance(prompts, list | tuple):
-        raise ValueError("prompts must be a list of token-id lists (one per row)")
+    prompts, is_text = _encode(model, prompts)
+    if isinstance(prompts, bytes) or not isinstance(prompts, list | tuple):
+        raise ValueError("prompts must be a list of token-id lists (one per row) or of strings")
     if not prompts:
         raise ValueError("prompts is empty: pass at least one prompt")
     rows = []
@@ -68,4 +81,4 @@ def prepare_prompts(model: Model, prompts, max_new_tokens: int, headroom: int) -
         tokens[i, : len(row)] = row
     cache_length = -(-max(bucket, needed) // _CACHE_ROUNDING) * _CACHE_ROUNDING
     lengths = np.array([len(r) for r in rows], np.int32)
-    return PromptBatch(tokens=tokens, lengths=lengths, cache_length=cache_length)
+    return PromptBatch(tokens=tokens, lengths=lengths, cache_length=cache_length, is_text=is_text)

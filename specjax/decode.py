@@ -93,7 +93,11 @@ def generate(
     seed: int = 0,
     eos_token_id: int | None = None,
 ) -> GenerationOutput:
-    """Plain decoding of a ragged batch of prompts (lists of token ids) in one jitted loop."""
+    """Plain decoding of a ragged batch in one jitted loop.
+
+    `prompts` is a list of token-id lists, or of strings when the model has a tokenizer
+    (then `out.text` holds the decoded continuations).
+    """
     sampling = SamplingConfig(temperature, top_k, top_p)
     batch = prepare_prompts(model, prompts, max_new_tokens, headroom=0)
     state = _generate(
@@ -110,4 +114,5 @@ def generate(
     tokens, lengths, row_rounds, forwards = jax.device_get(
         (state.tokens, state.lengths, state.row_rounds, state.forwards)
     )
-    return collect_output(np.asarray(tokens), batch.lengths, lengths, row_rounds, forwards)
+    out = collect_output(np.asarray(tokens), batch.lengths, lengths, row_rounds, forwards)
+    return out.with_text(model.tokenizer) if batch.is_text else out

@@ -41,6 +41,11 @@ class GenerationStats:
 class GenerationOutput:
     tokens: list[list[int]]  # generated ids per prompt, prompt excluded, cut after EOS
     stats: GenerationStats
+    text: list[str] | None = None  # decoded `tokens`, when the prompts were text
+
+    def with_text(self, tokenizer) -> GenerationOutput:
+        decoded = [tokenizer.decode(t, skip_special_tokens=True) for t in self.tokens]
+        return dataclasses.replace(self, text=decoded)
 
 
 def _ratio(num, den) -> float:

@@ -278,6 +278,8 @@ def speculative_generate(
 ) -> GenerationOutput:
     """Speculative decoding of a ragged batch with `draft` proposing for `target`.
 
+    `prompts` is a list of token-id lists, or of strings when the target has a tokenizer
+    (then `out.text` holds the decoded continuations).
     Greedy (temperature 0) output equals `generate(target, ...)` token for token; with
     temperature > 0 every token is distributed exactly as the target's (rejection
     sampling). `rule` replaces the acceptance rule (see specjax.sampling) for research
@@ -297,4 +299,5 @@ def speculative_generate(
         plan=plan,
         cache_length=batch.cache_length,
     )
-    return state_output(state)
+    out = state_output(state)
+    return out.with_text(target.tokenizer) if batch.is_text else out

@@ -47,3 +47,14 @@ def test_console_script_entry_point():
         check=True,
     )
     assert "--num-speculative-tokens" in result.stdout
+
+
+def test_text_in_text_out():
+    import specjax
+    from specjax.presets import resolve_model
+
+    target, draft = resolve_model("random-target"), resolve_model("random-draft", seed=1)
+    out = specjax.speculative_generate(target, draft, ["def f(", "import"], num_speculative_tokens=2, max_new_tokens=5)
+    assert out.text == [target.tokenizer.decode(t) for t in out.tokens]
+    single = specjax.generate(target, "def f(", max_new_tokens=5)
+    assert single.tokens == out.tokens[:1]
