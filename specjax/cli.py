@@ -10,7 +10,7 @@ import time
 import jax
 
 from specjax.decode import generate
-from specjax.presets import RANDOM_PRESETS, resolve_model
+from specjax.presets import RANDOM_PRESETS, default_pair, embedded_names, resolve_model
 from specjax.speculative import speculative_generate
 
 _DESCRIPTION = """\
@@ -50,10 +50,11 @@ def _add_generate(subparsers) -> None:
         description="Generate from one or more prompts (one batch) and print the text and statistics.",
         formatter_class=_HelpFormatter,
     )
-    names = ", ".join(sorted(RANDOM_PRESETS))
+    names = ", ".join([*embedded_names(), *sorted(RANDOM_PRESETS)]) + ", or a local HF directory"
+    default_target, default_draft = default_pair()
     p.add_argument("--prompt", action="append", help="prompt text; repeat for a batch ('def ' if none is given)")
-    p.add_argument("--target", default="random-target", help=f"target model ({names})")
-    p.add_argument("--draft", default="random-draft", help=f"draft model ({names})")
+    p.add_argument("--target", default=default_target, help=f"target model: {names}")
+    p.add_argument("--draft", default=default_draft, help=f"draft model: {names}")
     p.add_argument("--plain", action="store_true", help="plain decoding with the target only (the baseline)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=4, help="draft tokens per round (K)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt")
@@ -61,7 +62,8 @@ def _add_generate(subparsers) -> None:
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (both models)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (both models)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (and random-init seed)")
-    p.add_argument("--eos-token-id", type=int, default=None, help="stop a row at this token")
+    p.add_argument("--eos-token-id", type=int, default=None, help="stop a row at this token (default: the tokenizer's)")
+    p.add_argument("--ignore-eos", action="store_true", help="never stop early: always generate --max-new-tokens")
     p.add_argument("--warmup", action="store_true", help="run once first so the timing excludes compilation")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=_generate)
@@ -70,24 +72,26 @@ def _add_generate(subparsers) -> None:
 def _generate(args) -> int:
     target = resolve_model(args.target, seed=args.seed)
     tokenizer = target.tokenizer
+    if tokenizer is None:
+        raise ValueError(f"model {args.target!r} has no tokenizer, so it cannot take text prompts")
     prompts_text = args.prompt or ["def "]
-    prompts = [tokenizer.encode(t) for t in prompts_text]
+    eos = None if args.ignore_eos else args.eos_token_id or getattr(tokenizer, "eos_token_id", None)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    common = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, eos_token_id=args.eos_token_id, **sampling)
+    common = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, eos_token_id=eos, **sampling)
     draft = None if args.plain else resolve_model(args.draft, seed=args.seed + 1)
 
     def run():
         if draft is None:
-            return generate(target, prompts, **common)
+            return generate(target, prompts_text, **common)
         k = args.num_speculative_tokens
-        return speculative_generate(target, draft, prompts, num_speculative_tokens=k, **common)
+        return speculative_generate(target, draft, prompts_text, num_speculative_tokens=k, **common)
 
     if args.warmup:
         run()
     start = time.perf_counter()
     out = run()
     seconds = time.perf_counter() - start
-    texts = [tokenizer.decode(t) for t in out.tokens]
+    texts = out.text
     timing = {
         "seconds": seconds,
         "tokens_per_second": out.stats.generated_tokens / seconds,

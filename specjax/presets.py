@@ -52,9 +52,25 @@ def embedded_path(name: str) -> Path | None:
     return EMBEDDED_DIR / name if name in embedded_names() else None
 
 
+DEFAULT_TARGET = "stdlib-target"
+DEFAULT_DRAFT = "stdlib-draft"
+
+
+def default_pair() -> tuple[str, str]:
+    """The embedded trained pair when it is installed, else the random-weight pair."""
+    if embedded_path(DEFAULT_TARGET) and embedded_path(DEFAULT_DRAFT):
+        return DEFAULT_TARGET, DEFAULT_DRAFT
+    return "random-target", "random-draft"
+
+
 def resolve_model(name: str, seed: int = 0) -> Model:
-    """A model by preset name. Raises ValueError listing what exists."""
+    """A model by random-preset name, embedded name, or local Hugging Face directory."""
     if name in RANDOM_PRESETS:
         model = init_model(RANDOM_PRESETS[name], seed=seed)
         return Model(model.config, model.params, tokenizer=ByteTokenizer())
-    raise ValueError(f"unknown model {name!r}; available: {', '.join(sorted(RANDOM_PRESETS))}")
+    if embedded_path(name) is None and not Path(name).is_dir():
+        known = ", ".join([*sorted(RANDOM_PRESETS), *embedded_names()])
+        raise ValueError(f"unknown model {name!r}: not a directory, and not one of: {known}")
+    from specjax.hf import load_model
+
+    return load_model(name)
