@@ -21,7 +21,7 @@ import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
 from specjax.configs import dump_config, from_dict, to_dict
-from specjax.data import DataConfig, evaluation_windows, training_batch
+from specjax.data import DataConfig, evaluation_windows, manifest, training_batch
 from specjax.model import Model
 from specjax.models import ModelConfig, full_forward, init_params
 from specjax.tokenizer import ByteTokenizer
@@ -127,6 +127,8 @@ def _check_same_run(config: TrainConfig, out_dir: Path) -> None:
     else:
         out_dir.mkdir(parents=True, exist_ok=True)
         dump_config(config, saved)
+        # The split depends on the interpreter's stdlib: record which one this run saw.
+        (out_dir / "corpus.json").write_text(json.dumps(manifest(), indent=2))
 
 
 def train(config: TrainConfig, out_dir: str | Path, progress: bool = True, stop_after: int | None = None) -> Model:
