@@ -8,7 +8,6 @@ resumes from the newest complete checkpoint, and since every batch is a pure fun
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from pathlib import Path
@@ -17,13 +16,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
-from specjax.configs import dump_config, from_dict, to_dict
-from specjax.data import DataConfig, evaluation_windows, manifest, training_batch
+from specjax.data import DataConfig, evaluation_windows, training_batch
 from specjax.model import Model
 from specjax.models import ModelConfig, full_forward, init_params
+from specjax.runs import Checkpoints, Metrics, open_run
 from specjax.tokenizer import ByteTokenizer
 
 
@@ -100,57 +98,21 @@ def bits_per_byte(config: ModelConfig, params, windows: np.ndarray, batch_size: 
     return float(np.mean(losses)) / math.log(2)
 
 
-class _Metrics:
-    """Append-only JSONL that forgets rows past the checkpoint a run resumes from."""
-
-    def __init__(self, path: Path, resume_step: int):
-        self.path = path
-        if path.exists():
-            kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= resume_step]
-            path.write_text("".join(line + "\n" for line in kept))
-
-    def write(self, row: dict) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-
-
-def _check_same_run(config: TrainConfig, out_dir: Path) -> None:
-    saved = out_dir / "train_config.yaml"
-    if saved.exists():
-        import yaml
-
-        previous = from_dict(TrainConfig, yaml.safe_load(saved.read_text()))
-        if previous != config:
-            raise ValueError(
-                f"{out_dir} holds a run with a different config ({saved}); use another --out to start a new run"
-            )
-    else:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        dump_config(config, saved)
-        # The split depends on the interpreter's stdlib: record which one this run saw.
-        (out_dir / "corpus.json").write_text(json.dumps(manifest(), indent=2))
-
-
 def train(config: TrainConfig, out_dir: str | Path, progress: bool = True, stop_after: int | None = None) -> Model:
     """Train (or resume) the run in `out_dir`; returns the model at the last step run.
 
     `stop_after` ends this invocation after that many steps (a controlled interruption,
     used by tests and for chunked runs); rerunning continues from the checkpoint.
     """
-    out_dir = Path(out_dir).resolve()
-    _check_same_run(config, out_dir)
+    out_dir = open_run(out_dir, config, "train_config.yaml")
     optimizer = make_optimizer(config.optim, config.steps)
     params = init_params(config.model, config.seed)
     state = {"params": params, "opt_state": optimizer.init(params)}
-    manager = ocp.CheckpointManager(
-        out_dir / "checkpoints",
-        options=ocp.CheckpointManagerOptions(max_to_keep=2, save_interval_steps=config.checkpoint_every),
-    )
-    start = manager.latest_step() or 0
+    checkpoints = Checkpoints(out_dir / "checkpoints", config.checkpoint_every)
+    start = checkpoints.latest_step
     if start:
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-        state = manager.restore(start, args=ocp.args.StandardRestore(abstract))
-    metrics = _Metrics(out_dir / "metrics.jsonl", start)
+        state = checkpoints.restore(state)
+    metrics = Metrics(out_dir / "metrics.jsonl", start)
     step_fn = jax.jit(_train_step, static_argnums=(0, 1), donate_argnums=(2, 3))
     held_out = {
         d: evaluation_windows(d, "validation", config.data.seq_len, config.eval_windows) for d in ("code", "prose")
@@ -176,9 +138,8 @@ def train(config: TrainConfig, out_dir: str | Path, progress: bool = True, stop_
                 clock = time.perf_counter()
             metrics.write(row)
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:.0f}")
-        manager.save(done, args=ocp.args.StandardSave({"params": params, "opt_state": opt_state}), force=done == end)
-    manager.wait_until_finished()
-    manager.close()
+        checkpoints.save(done, {"params": params, "opt_state": opt_state}, force=done == end)
+    checkpoints.close()
     return Model(config.model, params, tokenizer=ByteTokenizer())
 
 
@@ -188,7 +149,3 @@ def evaluate(model: Model, seq_len: int = 256, windows: int = 64, split: str = "
         domain: bits_per_byte(model.config, model.params, evaluation_windows(domain, split, seq_len, windows))
         for domain in ("code", "prose")
     }
-
-
-def summary(config: TrainConfig) -> dict:
-    return {"parameters": config.model.num_parameters, "config": to_dict(config)}

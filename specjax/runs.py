@@ -1,0 +1,78 @@
+"""Run directories shared by training and distillation: config guard, checkpoints, metrics.
+
+A run directory holds the resolved config, orbax checkpoints and a metrics JSONL. Orbax
+writes each checkpoint to a temporary directory and renames it when complete, so a kill
+at any moment leaves only whole checkpoints behind, and the newest one is the resume point.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import orbax.checkpoint as ocp
+import yaml
+
+from specjax.configs import dump_config, from_dict
+from specjax.data import manifest
+
+
+def open_run(out_dir: str | Path, config, config_file: str) -> Path:
+    """Create `out_dir` for `config`, or check that the run already there has the same config."""
+    out_dir = Path(out_dir).resolve()
+    saved = out_dir / config_file
+    if saved.exists():
+        previous = from_dict(type(config), yaml.safe_load(saved.read_text()))
+        if previous != config:
+            raise ValueError(
+                f"{out_dir} holds a run with a different config ({saved}); use another --out to start a new run"
+            )
+        return out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(config, saved)
+    # The corpus split depends on the interpreter's stdlib: record which one this run saw.
+    (out_dir / "corpus.json").write_text(json.dumps(manifest(), indent=2))
+    return out_dir
+
+
+class Checkpoints:
+    """The newest two checkpoints of a run's state pytree, saved every `every` steps."""
+
+    def __init__(self, directory: Path, every: int):
+        self.manager = ocp.CheckpointManager(
+            directory, options=ocp.CheckpointManagerOptions(max_to_keep=2, save_interval_steps=every)
+        )
+
+    @property
+    def latest_step(self) -> int:
+        return self.manager.latest_step() or 0
+
+    def restore(self, template):
+        """The newest checkpoint, shaped like `template` (a pytree of arrays)."""
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+        return self.manager.restore(self.latest_step, args=ocp.args.StandardRestore(abstract))
+
+    def save(self, step: int, state, force: bool = False) -> None:
+        self.manager.save(step, args=ocp.args.StandardSave(state), force=force)
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+
+class Metrics:
+    """Append-only JSONL that forgets rows past the checkpoint a run resumes from."""
+
+    def __init__(self, path: Path, resume_step: int):
+        self.path = path
+        if path.exists():
+            kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= resume_step]
+            path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, row: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def rows(self) -> list[dict]:
+        return [json.loads(line) for line in self.path.read_text().splitlines()] if self.path.exists() else []
