@@ -23,14 +23,14 @@ target's distribution exactly.
 """
 
 _EPILOG = """\
-commands still to come: distill (train a draft toward a target), bench (config-driven
-experiments with plots).
+command still to come: bench (config-driven experiments with plots).
 
 examples:
   specjax generate --prompt "def parse_args(" -k 4
   specjax generate --prompt "import os" --plain --max-new-tokens 32
   specjax generate --prompt "x" --prompt "class Foo:" --temperature 1.0 --seed 3 --json
   specjax train --config configs/train_target.yaml --out runs/target
+  specjax distill --config configs/distill_quick.yaml --out runs/distill_quick
 """
 
 
@@ -149,6 +149,32 @@ def _train(args) -> int:
     return 0
 
 
+def _add_distill(subparsers) -> None:
+    p = subparsers.add_parser(
+        "distill",
+        help="distil a draft toward a target so that it is accepted more often (resumes automatically)",
+        description="Train a draft on a divergence to a frozen target (DistillSpec-style). Writes "
+        "metrics.jsonl (with held-out acceptance), results.json and the distilled draft in HF format "
+        "under OUT/draft. Rerunning the same command with the same --out resumes.",
+        formatter_class=_HelpFormatter,
+    )
+    p.add_argument("--config", required=True, help="YAML file of a DistillConfig (see configs/distill_*.yaml)")
+    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_distill)
+
+
+def _distill(args) -> int:
+    from specjax.configs import load_config
+    from specjax.distill import DistillConfig, distill
+
+    config = load_config(DistillConfig, args.config, args.set)
+    results = distill(config, args.out, progress=not args.no_progress)
+    print(json.dumps(results, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specjax",
@@ -159,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_generate(subparsers)
     _add_train(subparsers)
+    _add_distill(subparsers)
     return parser
 
 

@@ -1,0 +1,243 @@
+"""Draft distillation (DistillSpec-style): train the draft toward the target's distribution.
+
+Acceptance is set by how close q is to p at the positions the draft actually proposes,
+so the draft is trained on a divergence to the frozen target (forward/reverse KL,
+generalized JSD, or TV = 1 - acceptance) at the temperature it will be used with, on a
+mix of fixed corpus windows, target-generated sequences and the draft's own samples
+(on-policy, DistillSpec's main finding). "next_token" is the baseline objective: plain
+cross-entropy on the same data, no target involved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from tqdm.auto import tqdm
+
+from specjax.data import DataConfig, held_out_prompts, training_batch
+from specjax.decode import generate
+from specjax.divergences import DIVERGENCES, get_divergence
+from specjax.model import Model
+from specjax.models import ModelConfig, full_forward, init_params
+from specjax.runs import Checkpoints, Metrics, open_run
+from specjax.speculative import speculative_generate
+from specjax.train import OptimConfig, make_optimizer
+
+OBJECTIVES = (*DIVERGENCES, "next_token")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillDataConfig:
+    """Where training sequences come from; the three fractions are normalised to sum to 1."""
+
+    corpus: float = 1.0  # fixed windows of the training split
+    target_generated: float = 0.0  # prompts from the corpus continued by the target
+    draft_generated: float = 0.0  # ... continued by the current draft (on-policy)
+    seq_len: int = 128
+    prompt_len: int = 32  # corpus prefix that generated continuations start from
+    batch_size: int = 16
+    generation_temperature: float = 1.0
+
+    def __post_init__(self):
+        fractions = (self.corpus, self.target_generated, self.draft_generated)
+        if min(fractions) < 0 or sum(fractions) <= 0:
+            raise ValueError(f"data fractions must be >= 0 with a positive sum, got {fractions}")
+        if not 1 <= self.prompt_len < self.seq_len:
+            raise ValueError(f"need 1 <= prompt_len < seq_len, got {self.prompt_len} and {self.seq_len}")
+        if self.batch_size < 1 or self.generation_temperature < 0:
+            raise ValueError("batch_size must be >= 1 and generation_temperature >= 0")
+
+    def rows(self) -> dict[str, int]:
+        """Rows per source in each batch (largest remainder, deterministic)."""
+        fractions = np.array([self.corpus, self.target_generated, self.draft_generated], np.float64)
+        exact = fractions / fractions.sum() * self.batch_size
+        counts = np.floor(exact).astype(int)
+        for i in np.argsort(-(exact - counts))[: self.batch_size - counts.sum()]:
+            counts[i] += 1
+        return dict(zip(("corpus", "target", "draft"), counts.tolist(), strict=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillEvalConfig:
+    every: int = 100
+    prompts: int = 16  # held-out (test split) code prompts
+    prompt_bytes: int = 64
+    max_new_tokens: int = 48
+    num_speculative_tokens: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillConfig:
+    target: str = "stdlib-target"  # embedded name or HF directory; frozen
+    draft: str = "stdlib-draft"  # starting draft: embedded name or HF directory
+    draft_init: str = "pretrained"  # "pretrained" (the draft's weights) or "random" (its architecture only)
+    objective: str = "forward_kl"  # forward_kl | reverse_kl | jsd | tv | next_token
+    beta: float = 0.5  # jsd only
+    temperature: float = 1.0  # distil toward the target at the temperature the draft will sample with
+    data: DistillDataConfig = dataclasses.field(default_factory=DistillDataConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=lambda: OptimConfig(learning_rate=1e-3, warmup_steps=20))
+    eval: DistillEvalConfig = dataclasses.field(default_factory=DistillEvalConfig)
+    steps: int = 300
+    seed: int = 0
+    checkpoint_every: int = 50
+    log_every: int = 10
+
+    def __post_init__(self):
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {self.objective!r}; choose one of {', '.join(OBJECTIVES)}")
+        if self.draft_init not in ("pretrained", "random"):
+            raise ValueError(f"draft_init must be 'pretrained' or 'random', got {self.draft_init!r}")
+        for name in ("steps", "checkpoint_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        get_divergence("tv" if self.objective == "next_token" else self.objective, self.temperature, self.beta)
+
+
+def distillation_loss(
+    objective, temperature, beta, draft_config, target_config, draft_params, target_params, tokens, mask
+):
+    """Mean objective over masked positions of tokens [B, T]; mask [B, T-1] marks predicted positions."""
+    inputs = tokens[:, :-1]
+    draft_logits = full_forward(draft_config, draft_params, inputs)  # [B, T-1, V]
+    if objective == "next_token":
+        per_position = optax.softmax_cross_entropy_with_integer_labels(draft_logits, tokens[:, 1:])
+    else:
+        target_logits = jax.lax.stop_gradient(full_forward(target_config, target_params, inputs))
+        per_position = get_divergence(objective, temperature, beta)(target_logits, draft_logits)
+    return jnp.sum(per_position * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def _step(static, optimizer, target_params, draft_params, opt_state, tokens, mask):
+    objective, temperature, beta, draft_config, target_config = static
+    loss, grads = jax.value_and_grad(
+        lambda p: distillation_loss(
+            objective, temperature, beta, draft_config, target_config, p, target_params, tokens, mask
+        )
+    )(draft_params)
+    updates, opt_state = optimizer.update(grads, opt_state, draft_params)
+    return optax.apply_updates(draft_params, updates), opt_state, loss
+
+
+def distillation_batch(config: DistillConfig, target: Model, draft: Model, step: int):
+    """tokens [B, seq_len] and loss mask [B, seq_len - 1] for `step`; a pure function of (seed, step, draft).
+
+    Generated rows are masked to their continuation: the draft learns where it will
+    propose, not on the prompt it is given.
+    """
+    data = config.data
+    rows = data.rows()
+    corpus_config = DataConfig(seq_len=data.seq_len - 1, batch_size=data.batch_size, prose_fraction=0.0)
+    windows = training_batch(corpus_config, config.seed, step)  # [B, seq_len]
+    masks = np.ones((data.batch_size, data.seq_len - 1), np.float32)
+    start = rows["corpus"]
+    for source, model in (("target", target), ("draft", draft)):
+        count = rows[source]
+        if not count:
+            continue
+        prompts = windows[start : start + count, : data.prompt_len].tolist()
+        out = generate(
+            model,
+            prompts,
+            max_new_tokens=data.seq_len - data.prompt_len,
+            temperature=data.generation_temperature,
+            seed=(config.seed * 1_000_003 + step * 2 + (source == "draft")) % 2**31,
+        )
+        windows[start : start + count, data.prompt_len :] = np.asarray(out.tokens, np.int32)
+        masks[start : start + count, : data.prompt_len - 1] = 0.0
+        start += count
+    return windows, masks
+
+
+def acceptance(config: DistillConfig, target: Model, draft: Model, prompts: list[str]) -> dict:
+    """Held-out mean acceptance length and rate of `draft` against `target`, greedy and sampled."""
+    out = {}
+    for name, temperature in (("greedy", 0.0), ("sampled", config.temperature)):
+        stats = speculative_generate(
+            target,
+            draft,
+            prompts,
+            num_speculative_tokens=config.eval.num_speculative_tokens,
+            max_new_tokens=config.eval.max_new_tokens,
+            temperature=temperature,
+            seed=config.seed,
+        ).stats
+        out[f"mean_acceptance_length_{name}"] = stats.mean_acceptance_length
+        out[f"acceptance_rate_{name}"] = stats.acceptance_rate
+    return out
+
+
+def distill(config: DistillConfig, out_dir: str | Path, progress: bool = True, stop_after: int | None = None) -> dict:
+    """Distil (or resume distilling) into `out_dir`; returns the results dict.
+
+    Writes checkpoints, metrics.jsonl (loss, and held-out acceptance every eval.every
+    steps), the distilled draft in HF format under `draft/`, and results.json.
+    """
+    from specjax.hf import save_model
+    from specjax.presets import resolve_model
+
+    out_dir = open_run(out_dir, config, "distill_config.yaml")
+    target, start_draft = resolve_model(config.target), resolve_model(config.draft)
+    if target.config.vocab_size != start_draft.config.vocab_size:
+        raise ValueError(
+            f"draft vocab_size {start_draft.config.vocab_size} != target vocab_size {target.config.vocab_size}"
+        )
+    draft_config: ModelConfig = start_draft.config
+    as_draft = lambda params: Model(draft_config, params, tokenizer=start_draft.tokenizer)  # noqa: E731
+    initial = start_draft.params if config.draft_init == "pretrained" else init_params(draft_config, config.seed)
+    optimizer = make_optimizer(config.optim, config.steps)
+    state = {"params": initial, "opt_state": optimizer.init(initial)}
+    checkpoints = Checkpoints(out_dir / "checkpoints", config.checkpoint_every)
+    start = checkpoints.latest_step
+    if start:
+        state = checkpoints.restore(state)
+    metrics = Metrics(out_dir / "metrics.jsonl", start)
+    prompts = held_out_prompts("code", config.eval.prompts, config.eval.prompt_bytes)
+    if start == 0:
+        metrics.write({"step": 0, **acceptance(config, target, as_draft(initial), prompts)})
+
+    static = (config.objective, config.temperature, config.beta, draft_config, target.config)
+    step_fn = jax.jit(_step, static_argnums=(0, 1), donate_argnums=(3, 4))
+    params, opt_state = state["params"], state["opt_state"]
+    end = config.steps if stop_after is None else min(config.steps, start + stop_after)
+    clock = time.perf_counter()
+    for step in tqdm(range(start, end), initial=start, total=config.steps, disable=not progress, desc="distill"):
+        tokens, mask = distillation_batch(config, target, as_draft(params), step)
+        params, opt_state, loss = step_fn(
+            static, optimizer, target.params, params, opt_state, jnp.asarray(tokens), jnp.asarray(mask)
+        )
+        done = step + 1
+        if done % config.log_every == 0 or done % config.eval.every == 0 or done == config.steps:
+            row = {"step": done, "loss": float(loss), "seconds": time.perf_counter() - clock}
+            if done % config.eval.every == 0 or done == config.steps:
+                row.update(acceptance(config, target, as_draft(params), prompts))
+            metrics.write(row)
+        checkpoints.save(done, {"params": params, "opt_state": opt_state}, force=done == end)
+    checkpoints.close()
+    if end < config.steps:
+        return {"completed_steps": end}
+
+    rows = metrics.rows()
+    before = rows[0]
+    after = next(r for r in reversed(rows) if "mean_acceptance_length_greedy" in r)
+    draft_dir = save_model(as_draft(params), out_dir / "draft")
+    results = {
+        "objective": config.objective,
+        "steps": config.steps,
+        "mean_acceptance_length_before": before["mean_acceptance_length_greedy"],
+        "mean_acceptance_length_after": after["mean_acceptance_length_greedy"],
+        "mean_acceptance_length_sampled_before": before["mean_acceptance_length_sampled"],
+        "mean_acceptance_length_sampled_after": after["mean_acceptance_length_sampled"],
+        "acceptance_rate_before": before["acceptance_rate_greedy"],
+        "acceptance_rate_after": after["acceptance_rate_greedy"],
+        "draft": str(draft_dir),
+        "eval": dataclasses.asdict(config.eval),
+    }
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    return results
