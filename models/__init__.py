@@ -1,7 +1,59 @@
-"""Model definitions. Installed as `specjax.models`."""
+"""Model definitions. Installed as `specjax.models`.
+
+`forward`, `full_forward`, `graphdef` and `init_params` dispatch on `config.model_type`,
+so callers never ask which family a model belongs to.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+from flax import nnx
 
 from .cache import KVCache, init_cache
-from .config import ModelConfig
-from .llama import forward, full_forward, graphdef, init_params
+from .config import LLAMA_FAMILY, MODEL_TYPES, ModelConfig
+from .gpt2 import GPT2
+from .llama import Llama
 
-__all__ = ["KVCache", "ModelConfig", "forward", "full_forward", "graphdef", "init_cache", "init_params"]
+_MODULES = {**dict.fromkeys(LLAMA_FAMILY, Llama), "gpt2": GPT2}
+
+
+def _build(config: ModelConfig, seed: int) -> nnx.Module:
+    return _MODULES[config.model_type](config, rngs=nnx.Rngs(seed))
+
+
+@functools.cache
+def graphdef(config: ModelConfig) -> nnx.GraphDef:
+    """The static structure of the model for `config` (built once, without allocating)."""
+    return nnx.split(nnx.eval_shape(lambda: _build(config, 0)))[0]
+
+
+def init_params(config: ModelConfig, seed: int = 0) -> dict:
+    """Random parameters as a plain nested dict of arrays (std 0.02, norms at 1, biases at 0)."""
+    return nnx.to_pure_dict(nnx.state(_build(config, seed), nnx.Param))
+
+
+def forward(config: ModelConfig, params: dict, tokens, positions, cache: KVCache):
+    """Pure forward: (params, tokens [B, T], positions [B, T], cache) -> (logits [B, T, V], cache)."""
+    return nnx.merge(graphdef(config), params)(tokens, positions, cache)
+
+
+def full_forward(config: ModelConfig, params: dict, tokens):
+    """Logits of a whole batch with no prior context: tokens [B, T] -> [B, T, V]."""
+    b, t = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    logits, _ = forward(config, params, tokens, positions, init_cache(config, b, t))
+    return logits
+
+
+__all__ = [
+    "MODEL_TYPES",
+    "KVCache",
+    "ModelConfig",
+    "forward",
+    "full_forward",
+    "graphdef",
+    "init_cache",
+    "init_params",
+]

@@ -1,20 +1,18 @@
 """A Llama-family decoder (Llama, Mistral, Qwen2) as a Flax NNX module.
 
-The module is only ever used functionally: `forward(config, params, tokens, positions,
-cache)` merges a cached graph definition with a plain params pytree, so the same code
-serves prefill (T = prompt length), drafting (T = 1 or 2) and verification (T = K + 1),
-for the draft and for the target.
+The module is only ever used functionally, through `specjax.models.forward`, which
+merges a cached graph definition with a plain params pytree, so the same code serves
+prefill (T = prompt length), drafting (T = 1 or 2) and verification (T = K + 1), for the
+draft and for the target. `attend` is the cache write + attention every family shares.
 """
 
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .cache import KVCache, init_cache
+from .cache import KVCache
 from .config import ModelConfig
 
 _init = nnx.initializers.normal(stddev=0.02)
@@ -47,6 +45,34 @@ def rotary(x, positions, theta: float):
     return rotated.astype(x.dtype)
 
 
+def attend(q, k, v, positions, cache: KVCache, layer: int):
+    """Write k, v at their positions in `cache`, then attend causally by absolute position.
+
+    q: [B, T, H, d_head]; k, v: [B, T, n_kv, d_head]; positions: [B, T].
+    Returns (out [B, T, H, d_head], cache with this layer written).
+    """
+    # One scatter per tensor; indices past the cache end are dropped, and callers
+    # guarantee they never occur.
+    rows = jnp.arange(q.shape[0])[:, None]  # [B, 1]
+    cache_k = cache.k.at[layer, rows, positions].set(k, mode="drop")
+    cache_v = cache.v.at[layer, rows, positions].set(v, mode="drop")
+    keys, values = cache_k[layer], cache_v[layer]  # [B, S, n_kv, d_head]
+
+    # Grouped-query attention: the H query heads are n_kv groups of G heads.
+    b, t, h, hd = q.shape
+    n_kv = keys.shape[2]
+    q = q.reshape(b, t, n_kv, h // n_kv, hd)
+    scores = jnp.einsum("btngk,bsnk->bngts", q, keys).astype(jnp.float32) / jnp.sqrt(hd)
+    # Causal mask by absolute position: slot s is visible to a query at position p iff
+    # s <= p. Slots beyond the committed sequence are stale and always masked.
+    slots = jnp.arange(keys.shape[1])
+    visible = slots[None, None, :] <= positions[:, :, None]  # [B, T, S]
+    scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
+    weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+    out = jnp.einsum("bngts,bsnk->btngk", weights, values).reshape(b, t, h, hd)
+    return out, cache.replace(k=cache_k, v=cache_v)
+
+
 class Attention(nnx.Module):
     def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
         d, hd = config.hidden_size, config.resolved_head_dim
@@ -59,6 +85,8 @@ class Attention(nnx.Module):
             self.q_bias = nnx.Param(jnp.zeros((h, hd), dtype))
             self.k_bias = nnx.Param(jnp.zeros((kv, hd), dtype))
             self.v_bias = nnx.Param(jnp.zeros((kv, hd), dtype))
+        if config.o_proj_bias:
+            self.o_bias = nnx.Param(jnp.zeros((d,), dtype))
         self.config = config
 
     def __call__(self, x, positions, cache: KVCache, layer: int):
@@ -71,28 +99,11 @@ class Attention(nnx.Module):
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
         q = rotary(q, positions, cfg.rope_theta)
         k = rotary(k, positions, cfg.rope_theta)
-
-        # Write this forward's K/V at their own positions (one scatter per tensor; indices
-        # past the cache end are dropped, and callers guarantee they never occur).
-        rows = jnp.arange(x.shape[0])[:, None]  # [B, 1]
-        cache_k = cache.k.at[layer, rows, positions].set(k, mode="drop")
-        cache_v = cache.v.at[layer, rows, positions].set(v, mode="drop")
-        keys, values = cache_k[layer], cache_v[layer]  # [B, S, n_kv, d_head]
-
-        # Grouped-query attention: the H query heads are n_kv groups of G heads.
-        b, t, h, hd = q.shape
-        groups = h // cfg.num_key_value_heads
-        q = q.reshape(b, t, cfg.num_key_value_heads, groups, hd)
-        scores = jnp.einsum("btngk,bsnk->bngts", q, keys).astype(jnp.float32) / jnp.sqrt(hd)
-        # Causal mask by absolute position: slot s is visible to a query at position p iff
-        # s <= p. Slots beyond the committed sequence are stale and always masked.
-        slots = jnp.arange(keys.shape[1])
-        visible = slots[None, None, :] <= positions[:, :, None]  # [B, T, S]
-        scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
-        weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-        out = jnp.einsum("bngts,bsnk->btngk", weights, values).reshape(b, t, h, hd)
-        out = jnp.einsum("bthk,hkd->btd", out, self.o_proj[...])
-        return out, cache.replace(k=cache_k, v=cache_v)
+        out, cache = attend(q, k, v, positions, cache, layer)
+        out = jnp.einsum("bthk,hkd->btd", out, self.o_proj[...])  # [B, T, D]
+        if cfg.o_proj_bias:
+            out = out + self.o_bias[...]
+        return out, cache
 
 
 class MLP(nnx.Module):
@@ -101,11 +112,19 @@ class MLP(nnx.Module):
         self.gate_proj = nnx.Param(_init(rngs.params(), (d, f), dtype))
         self.up_proj = nnx.Param(_init(rngs.params(), (d, f), dtype))
         self.down_proj = nnx.Param(_init(rngs.params(), (f, d), dtype))
+        if config.mlp_bias:
+            self.gate_bias = nnx.Param(jnp.zeros((f,), dtype))
+            self.up_bias = nnx.Param(jnp.zeros((f,), dtype))
+            self.down_bias = nnx.Param(jnp.zeros((d,), dtype))
+        self.bias = config.mlp_bias
 
     def __call__(self, x):  # [B, T, D] -> [B, T, D]
         gate = jnp.einsum("btd,df->btf", x, self.gate_proj[...])
         up = jnp.einsum("btd,df->btf", x, self.up_proj[...])
-        return jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, self.down_proj[...])
+        if self.bias:
+            gate, up = gate + self.gate_bias[...], up + self.up_bias[...]
+        out = jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, self.down_proj[...])
+        return out + self.down_bias[...] if self.bias else out
 
 
 class Block(nnx.Module):
@@ -144,28 +163,3 @@ class Llama(nnx.Module):
         # Every position written by this call now holds valid K/V.
         cache = cache.replace(lengths=jnp.max(positions, axis=1).astype(jnp.int32) + 1)
         return logits.astype(jnp.float32), cache
-
-
-@functools.cache
-def graphdef(config: ModelConfig) -> nnx.GraphDef:
-    """The static structure of the model for `config` (built once, without allocating)."""
-    abstract = nnx.eval_shape(lambda: Llama(config, rngs=nnx.Rngs(0)))
-    return nnx.split(abstract)[0]
-
-
-def init_params(config: ModelConfig, seed: int = 0) -> dict:
-    """Random parameters as a plain nested dict of arrays (std 0.02, norms at 1)."""
-    return nnx.to_pure_dict(nnx.state(Llama(config, rngs=nnx.Rngs(seed)), nnx.Param))
-
-
-def forward(config: ModelConfig, params: dict, tokens, positions, cache: KVCache):
-    """Pure forward: (params, tokens [B, T], positions [B, T], cache) -> (logits [B, T, V], cache)."""
-    return nnx.merge(graphdef(config), params)(tokens, positions, cache)
-
-
-def full_forward(config: ModelConfig, params: dict, tokens):
-    """Logits of a whole batch with no prior context: tokens [B, T] -> [B, T, V]."""
-    b, t = tokens.shape
-    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    logits, _ = forward(config, params, tokens, positions, init_cache(config, b, t))
-    return logits

@@ -1,6 +1,7 @@
 """specjax: speculative decoding you can measure."""
 
 from specjax.decode import DecodeState, generate
+from specjax.hf import load_model, save_model
 from specjax.model import Model, init_model, logits
 from specjax.models import KVCache, ModelConfig, init_cache
 from specjax.output import GenerationOutput, GenerationStats
@@ -38,9 +39,11 @@ __all__ = [
     "init_cache",
     "init_model",
     "init_speculative_state",
+    "load_model",
     "logits",
     "probabilities",
     "rejection_sampling_rule",
+    "save_model",
     "speculative_generate",
     "speculative_step",
     "state_output",

@@ -37,6 +37,11 @@ def logits(model: Model, token_ids) -> np.ndarray:
     """Full forward with no cache: token ids [B, T] (or [T]) -> float32 logits [B, T, V]."""
     tokens = jnp.asarray(np.atleast_2d(np.asarray(token_ids, dtype=np.int32)))
     _check_token_ids(model.config, tokens)
+    # Learned position tables (GPT-2) have no entry past the limit; generation checks it too.
+    if tokens.shape[1] > model.config.max_position_embeddings:
+        raise ValueError(
+            f"{tokens.shape[1]} tokens exceed max_position_embeddings ({model.config.max_position_embeddings})"
+        )
     return np.asarray(_full_forward(model.config, model.params, tokens))
 
 

@@ -20,12 +20,20 @@ class ByteTokenizer:
         return [self.bos_token_id, *ids] if add_special_tokens else ids
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        ids = [int(i) for i in ids]
-        if not skip_special_tokens and any(i >= 256 for i in ids):
-            names = {256: "<bos>", 257: "<eos>", 258: "<pad>"}
-            return "".join(names[i] if i >= 256 else bytes([i]).decode("utf-8", "replace") for i in ids)
-        # Multi-byte characters may be split mid-sequence: replace, never raise.
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+        # Runs of bytes are decoded together (a character may span several bytes), with
+        # errors replaced: a continuation may stop in the middle of a character.
+        names = {256: "<bos>", 257: "<eos>", 258: "<pad>"}
+        pieces, run = [], bytearray()
+        for i in (int(i) for i in ids):
+            if i < 256:
+                run.append(i)
+                continue
+            pieces.append(run.decode("utf-8", errors="replace"))
+            run = bytearray()
+            if not skip_special_tokens:
+                pieces.append(names[i])
+        pieces.append(run.decode("utf-8", errors="replace"))
+        return "".join(pieces)
 
     def __call__(self, text: str | list[str], add_special_tokens: bool = False) -> dict:
         if isinstance(text, str):

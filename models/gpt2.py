@@ -1,0 +1,114 @@
+"""GPT-2 as a Flax NNX module, with the same functional contract as models/llama.py.
+
+Pre-LayerNorm blocks with biases everywhere, learned absolute position embeddings, a
+tanh-approximated GELU MLP, multi-head attention (n_kv = H). It writes and reads the
+shared KVCache exactly as the Llama family does (`attend`), so the speculative engine
+needs to know nothing about which family it runs.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from .cache import KVCache
+from .config import ModelConfig
+from .llama import attend
+
+_init = nnx.initializers.normal(stddev=0.02)
+
+
+class LayerNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, dtype):
+        self.scale = nnx.Param(jnp.ones((dim,), dtype))
+        self.bias = nnx.Param(jnp.zeros((dim,), dtype))
+        self.eps = eps
+
+    def __call__(self, x):  # [..., D]
+        # Statistics in float32 whatever the parameter dtype, as torch's LayerNorm does.
+        x32 = x.astype(jnp.float32)
+        mean = jnp.mean(x32, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+        y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
+        return (y * self.scale.astype(jnp.float32) + self.bias.astype(jnp.float32)).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
+        d, h, hd = config.hidden_size, config.num_attention_heads, config.resolved_head_dim
+        # HF fuses q, k, v into one Conv1D (`c_attn`); they are split at load time so the
+        # cache receives k and v in the same layout as every other family.
+        self.q_proj = nnx.Param(_init(rngs.params(), (d, h, hd), dtype))
+        self.k_proj = nnx.Param(_init(rngs.params(), (d, h, hd), dtype))
+        self.v_proj = nnx.Param(_init(rngs.params(), (d, h, hd), dtype))
+        self.q_bias = nnx.Param(jnp.zeros((h, hd), dtype))
+        self.k_bias = nnx.Param(jnp.zeros((h, hd), dtype))
+        self.v_bias = nnx.Param(jnp.zeros((h, hd), dtype))
+        self.o_proj = nnx.Param(_init(rngs.params(), (h, hd, d), dtype))
+        self.o_bias = nnx.Param(jnp.zeros((d,), dtype))
+
+    def __call__(self, x, positions, cache: KVCache, layer: int):
+        """x: [B, T, D]; positions: [B, T]. Returns ([B, T, D], cache with this layer written)."""
+        q = jnp.einsum("btd,dhk->bthk", x, self.q_proj[...]) + self.q_bias[...]  # [B, T, H, d_head]
+        k = jnp.einsum("btd,dhk->bthk", x, self.k_proj[...]) + self.k_bias[...]  # [B, T, H, d_head]
+        v = jnp.einsum("btd,dhk->bthk", x, self.v_proj[...]) + self.v_bias[...]  # [B, T, H, d_head]
+        out, cache = attend(q, k, v, positions, cache, layer)
+        return jnp.einsum("bthk,hkd->btd", out, self.o_proj[...]) + self.o_bias[...], cache
+
+
+class MLP(nnx.Module):
+    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
+        d, f = config.hidden_size, config.intermediate_size
+        self.up_proj = nnx.Param(_init(rngs.params(), (d, f), dtype))
+        self.up_bias = nnx.Param(jnp.zeros((f,), dtype))
+        self.down_proj = nnx.Param(_init(rngs.params(), (f, d), dtype))
+        self.down_bias = nnx.Param(jnp.zeros((d,), dtype))
+
+    def __call__(self, x):  # [B, T, D] -> [B, T, D]
+        # HF "gelu_new": the tanh approximation of GELU.
+        h = jax.nn.gelu(jnp.einsum("btd,df->btf", x, self.up_proj[...]) + self.up_bias[...], approximate=True)
+        return jnp.einsum("btf,fd->btd", h, self.down_proj[...]) + self.down_bias[...]
+
+
+class Block(nnx.Module):
+    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
+        self.input_norm = LayerNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.attn = Attention(config, dtype, rngs)
+        self.post_attention_norm = LayerNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp = MLP(config, dtype, rngs)
+
+    def __call__(self, x, positions, cache: KVCache, layer: int):
+        h, cache = self.attn(self.input_norm(x), positions, cache, layer)
+        x = x + h
+        return x + self.mlp(self.post_attention_norm(x)), cache
+
+
+class GPT2(nnx.Module):
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        dtype = jnp.dtype(config.dtype)
+        d = config.hidden_size
+        self.embed = nnx.Param(_init(rngs.params(), (config.vocab_size, d), dtype))
+        self.position_embed = nnx.Param(_init(rngs.params(), (config.max_position_embeddings, d), dtype))
+        self.layers = nnx.List([Block(config, dtype, rngs) for _ in range(config.num_hidden_layers)])
+        self.final_norm = LayerNorm(d, config.rms_norm_eps, dtype)
+        if not config.tie_word_embeddings:
+            self.lm_head = nnx.Param(_init(rngs.params(), (d, config.vocab_size), dtype))
+        self.config = config
+
+    def __call__(self, tokens, positions, cache: KVCache):
+        """tokens, positions: [B, T] int32 -> (logits [B, T, V] float32, updated cache)."""
+        # Padding slots of a prompt bucket may lie past the learned table: clip them. Their
+        # K/V is never visible (see KVCache), and real positions are checked by callers.
+        pos = jnp.take(self.position_embed[...], positions, axis=0, mode="clip")  # [B, T, D]
+        x = self.embed[...][tokens] + pos  # [B, T, D]
+        for layer, block in enumerate(self.layers):
+            x, cache = block(x, positions, cache, layer)
+        x = self.final_norm(x)
+        if self.config.tie_word_embeddings:
+            logits = jnp.einsum("btd,vd->btv", x, self.embed[...])
+        else:
+            logits = jnp.einsum("btd,dv->btv", x, self.lm_head[...])
+        # Every position written by this call now holds valid K/V.
+        cache = cache.replace(lengths=jnp.max(positions, axis=1).astype(jnp.int32) + 1)
+        return logits.astype(jnp.float32), cache
