@@ -158,7 +158,11 @@ def _add_distill(subparsers) -> None:
         "under OUT/draft. Rerunning the same command with the same --out resumes.",
         formatter_class=_HelpFormatter,
     )
-    p.add_argument("--config", required=True, help="YAML file of a DistillConfig (see configs/distill_*.yaml)")
+    p.add_argument(
+        "--config",
+        required=True,
+        help="YAML of a DistillConfig, or of a comparison (base: + variants:), see configs/distill_*.yaml",
+    )
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -168,7 +172,19 @@ def _add_distill(subparsers) -> None:
 def _distill(args) -> int:
     from specjax.configs import load_config
     from specjax.distill import DistillConfig, distill
+    from specjax.distill_compare import CompareConfig, compare, is_comparison
 
+    if is_comparison(args.config):
+        config = load_config(CompareConfig, args.config, args.set)
+        rows = compare(config, args.out, progress=not args.no_progress)
+        for row in rows:
+            print(
+                f"{row['variant']:<24} acceptance length {row['mean_acceptance_length_before']:.2f} -> "
+                f"{row['mean_acceptance_length_after']:.2f} greedy, {row['mean_acceptance_length_sampled_before']:.2f}"
+                f" -> {row['mean_acceptance_length_sampled_after']:.2f} sampled"
+            )
+        print(f"wrote {args.out}/results.json, results.csv, acceptance.png")
+        return 0
     config = load_config(DistillConfig, args.config, args.set)
     results = distill(config, args.out, progress=not args.no_progress)
     print(json.dumps(results, indent=2))

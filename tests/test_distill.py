@@ -110,3 +110,26 @@ def test_config_errors(pair_dirs):
         _config(pair_dirs, "objective=kl")
     with pytest.raises(ValueError, match="data fractions must be >= 0"):
         _config(pair_dirs, "data.corpus=0.0")
+
+
+def test_comparison_writes_table_and_plot(pair_dirs, tmp_path):
+    from specjax.configs import to_dict
+    from specjax.distill_compare import CompareConfig, Variant, compare
+
+    base = _config(pair_dirs, "steps=4", "eval.every=2", "eval.max_new_tokens=8")
+    config = CompareConfig(
+        base=base,
+        variants=[
+            Variant("next_token", ["objective=next_token"]),
+            Variant("tv_on_policy", ["objective=tv", "data.draft_generated=0.5"]),
+        ],
+    )
+    rows = compare(config, tmp_path, progress=False)
+    assert [r["variant"] for r in rows] == ["next_token", "tv_on_policy"]
+    assert rows[0]["gain_vs_first_variant"] == 0.0
+    assert (tmp_path / "acceptance.png").stat().st_size > 1000
+    header = (tmp_path / "results.csv").read_text().splitlines()[0]
+    assert header.startswith("variant,mean_acceptance_length_before")
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert [r["step"] for r in saved["curves"]["tv_on_policy"]] == [0, 2, 4]
+    assert saved["config"] == to_dict(config)
