@@ -14,7 +14,7 @@ from flax import nnx
 
 from .cache import KVCache
 from .config import ModelConfig
-from .llama import attend
+from .llama import Block, attend, decode
 
 _init = nnx.initializers.normal(stddev=0.02)
 
@@ -71,26 +71,18 @@ class MLP(nnx.Module):
         return jnp.einsum("btf,fd->btd", h, self.down_proj[...]) + self.down_bias[...]
 
 
-class Block(nnx.Module):
-    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
-        self.input_norm = LayerNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.attn = Attention(config, dtype, rngs)
-        self.post_attention_norm = LayerNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.mlp = MLP(config, dtype, rngs)
-
-    def __call__(self, x, positions, cache: KVCache, layer: int):
-        h, cache = self.attn(self.input_norm(x), positions, cache, layer)
-        x = x + h
-        return x + self.mlp(self.post_attention_norm(x)), cache
-
-
 class GPT2(nnx.Module):
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
         dtype = jnp.dtype(config.dtype)
         d = config.hidden_size
         self.embed = nnx.Param(_init(rngs.params(), (config.vocab_size, d), dtype))
         self.position_embed = nnx.Param(_init(rngs.params(), (config.max_position_embeddings, d), dtype))
-        self.layers = nnx.List([Block(config, dtype, rngs) for _ in range(config.num_hidden_layers)])
+        self.layers = nnx.List(
+            [
+                Block(config, dtype, rngs, norm=LayerNorm, attention=Attention, mlp=MLP)
+                for _ in range(config.num_hidden_layers)
+            ]
+        )
         self.final_norm = LayerNorm(d, config.rms_norm_eps, dtype)
         if not config.tie_word_embeddings:
             self.lm_head = nnx.Param(_init(rngs.params(), (d, config.vocab_size), dtype))
@@ -101,14 +93,4 @@ class GPT2(nnx.Module):
         # Padding slots of a prompt bucket may lie past the learned table: clip them. Their
         # K/V is never visible (see KVCache), and real positions are checked by callers.
         pos = jnp.take(self.position_embed[...], positions, axis=0, mode="clip")  # [B, T, D]
-        x = self.embed[...][tokens] + pos  # [B, T, D]
-        for layer, block in enumerate(self.layers):
-            x, cache = block(x, positions, cache, layer)
-        x = self.final_norm(x)
-        if self.config.tie_word_embeddings:
-            logits = jnp.einsum("btd,vd->btv", x, self.embed[...])
-        else:
-            logits = jnp.einsum("btd,dv->btv", x, self.lm_head[...])
-        # Every position written by this call now holds valid K/V.
-        cache = cache.replace(lengths=jnp.max(positions, axis=1).astype(jnp.int32) + 1)
-        return logits.astype(jnp.float32), cache
+        return decode(self, self.embed[...][tokens] + pos, positions, cache)

@@ -128,16 +128,35 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
-        self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.attn = Attention(config, dtype, rngs)
-        self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.mlp = MLP(config, dtype, rngs)
+    """Pre-norm residual block; families differ only in the norm, attention and MLP they plug in."""
+
+    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs, norm=RMSNorm, attention=None, mlp=None):
+        self.input_norm = norm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.attn = (attention or Attention)(config, dtype, rngs)
+        self.post_attention_norm = norm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp = (mlp or MLP)(config, dtype, rngs)
 
     def __call__(self, x, positions, cache: KVCache, layer: int):
         h, cache = self.attn(self.input_norm(x), positions, cache, layer)
         x = x + h
         return x + self.mlp(self.post_attention_norm(x)), cache
+
+
+def decode(model: nnx.Module, x, positions, cache: KVCache):
+    """The part every family shares: blocks, final norm, (tied) LM head, cache lengths.
+
+    x: embedded tokens [B, T, D] -> (logits [B, T, V] float32, updated cache).
+    """
+    for layer, block in enumerate(model.layers):
+        x, cache = block(x, positions, cache, layer)
+    x = model.final_norm(x)
+    if model.config.tie_word_embeddings:
+        logits = jnp.einsum("btd,vd->btv", x, model.embed[...])
+    else:
+        logits = jnp.einsum("btd,dv->btv", x, model.lm_head[...])
+    # Every position written by this call now holds valid K/V.
+    cache = cache.replace(lengths=jnp.max(positions, axis=1).astype(jnp.int32) + 1)
+    return logits.astype(jnp.float32), cache
 
 
 class Llama(nnx.Module):
@@ -152,14 +171,4 @@ class Llama(nnx.Module):
 
     def __call__(self, tokens, positions, cache: KVCache):
         """tokens, positions: [B, T] int32 -> (logits [B, T, V] float32, updated cache)."""
-        x = self.embed[...][tokens]  # [B, T, D]
-        for layer, block in enumerate(self.layers):
-            x, cache = block(x, positions, cache, layer)
-        x = self.final_norm(x)
-        if self.config.tie_word_embeddings:
-            logits = jnp.einsum("btd,vd->btv", x, self.embed[...])
-        else:
-            logits = jnp.einsum("btd,dv->btv", x, self.lm_head[...])
-        # Every position written by this call now holds valid K/V.
-        cache = cache.replace(lengths=jnp.max(positions, axis=1).astype(jnp.int32) + 1)
-        return logits.astype(jnp.float32), cache
+        return decode(self, self.embed[...][tokens], positions, cache)

@@ -117,6 +117,14 @@ def _generate(args) -> int:
     return 0
 
 
+def _add_run_arguments(p, config_help: str) -> None:
+    """What every resumable, config-driven command takes."""
+    p.add_argument("--config", required=True, help=config_help)
+    p.add_argument("--out", required=True, help="run directory (rerun with the same one to resume)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
 def _add_train(subparsers) -> None:
     p = subparsers.add_parser(
         "train",
@@ -125,11 +133,8 @@ def _add_train(subparsers) -> None:
         "command with the same --out resumes from the newest checkpoint, even after kill -9.",
         formatter_class=_HelpFormatter,
     )
-    p.add_argument("--config", required=True, help="YAML file of a TrainConfig (see configs/train_*.yaml)")
-    p.add_argument("--out", required=True, help="run directory: checkpoints, metrics.jsonl, train_config.yaml")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    _add_run_arguments(p, "YAML file of a TrainConfig (see configs/train_*.yaml)")
     p.add_argument("--export", help="also write the final model in Hugging Face format to this directory")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_train)
 
 
@@ -158,14 +163,7 @@ def _add_distill(subparsers) -> None:
         "under OUT/draft. Rerunning the same command with the same --out resumes.",
         formatter_class=_HelpFormatter,
     )
-    p.add_argument(
-        "--config",
-        required=True,
-        help="YAML of a DistillConfig, or of a comparison (base: + variants:), see configs/distill_*.yaml",
-    )
-    p.add_argument("--out", required=True, help="run directory")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_run_arguments(p, "YAML of a DistillConfig, or of a comparison (base: + variants:), see configs/distill_*.yaml")
     p.set_defaults(func=_distill)
 
 
