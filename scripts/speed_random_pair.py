@@ -39,7 +39,7 @@ def main() -> None:
     args = parser.parse_args()
 
     target, draft = resolve_model("random-target"), resolve_model("random-draft", seed=1)
-    prompts = [target.tokenizer.encode("def parse_args(argv):\n")] * args.batch_size
+    prompts = ["def parse_args(argv):\n"] * args.batch_size
     n = args.max_new_tokens
 
     # Each generate call ends with a device_get of its results, so timing the call is

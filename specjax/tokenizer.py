@@ -8,6 +8,8 @@ class ByteTokenizer:
 
     Mirrors the part of `transformers.PreTrainedTokenizer` that specjax uses (`encode`,
     `decode`, `__call__`, the special-token ids), so code never asks which one it has.
+    Like HF tokenizers, `encode` prepends <bos> unless add_special_tokens=False; the
+    models saw <bos> at the start of every training document.
     """
 
     bos_token_id = 256
@@ -15,7 +17,7 @@ class ByteTokenizer:
     pad_token_id = 258
     vocab_size = 259
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids = list(text.encode("utf-8"))
         return [self.bos_token_id, *ids] if add_special_tokens else ids
 
@@ -35,7 +37,7 @@ class ByteTokenizer:
         pieces.append(run.decode("utf-8", errors="replace"))
         return "".join(pieces)
 
-    def __call__(self, text: str | list[str], add_special_tokens: bool = False) -> dict:
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict:
         if isinstance(text, str):
             return {"input_ids": self.encode(text, add_special_tokens)}
         return {"input_ids": [self.encode(t, add_special_tokens) for t in text]}

@@ -24,10 +24,10 @@ TEXTS = [
 @pytest.mark.parametrize("text", TEXTS)
 def test_byte_tokenizer_round_trip(text):
     tok = ByteTokenizer()
-    ids = tok.encode(text)
+    ids = tok.encode(text, add_special_tokens=False)
     assert ids == list(text.encode("utf-8"))
     assert tok.decode(ids) == text
-    with_bos = tok.encode(text, add_special_tokens=True)
+    with_bos = tok.encode(text)  # HF's default: special tokens added
     assert with_bos == [tok.bos_token_id, *ids]
     assert tok.decode([*with_bos, tok.eos_token_id, tok.pad_token_id]) == text
 
@@ -35,7 +35,8 @@ def test_byte_tokenizer_round_trip(text):
 def test_byte_tokenizer_replaces_split_characters():
     tok = ByteTokenizer()
     assert tok.decode(["é".encode()[0], ord("A")]) == "\ufffdA"
-    assert tok(["ab", "c"]) == {"input_ids": [[97, 98], [99]]}
+    assert tok(["ab", "c"], add_special_tokens=False) == {"input_ids": [[97, 98], [99]]}
+    assert tok("ab") == {"input_ids": [256, 97, 98]}
     assert len(tok) == 259
 
 
@@ -72,7 +73,8 @@ def test_auto_tokenizer_matches_byte_tokenizer(hf_tok, text):
         assert hf_tok.encode(text, add_special_tokens=add_special_tokens) == byte_tok.encode(
             text, add_special_tokens=add_special_tokens
         )
-    ids = [byte_tok.bos_token_id, *byte_tok.encode(text), byte_tok.eos_token_id]
+    assert hf_tok.encode(text) == byte_tok.encode(text)
+    ids = [*byte_tok.encode(text), byte_tok.eos_token_id]
     assert hf_tok.decode(ids, skip_special_tokens=True) == byte_tok.decode(ids) == text
 
 
@@ -93,7 +95,7 @@ def test_hf_tokenizer_is_loaded_and_saved_with_save_pretrained(saved_dir, tmp_pa
     again = specjax.load_model(specjax.save_model(model, tmp_path / "again"))
     assert "specjax_tokenizer" not in json.loads((tmp_path / "again" / "config.json").read_text())
     for text in TEXTS:
-        assert again.tokenizer.encode(text, add_special_tokens=False) == ByteTokenizer().encode(text)
+        assert again.tokenizer.encode(text) == ByteTokenizer().encode(text)
 
 
 def test_byte_decode_keeps_multibyte_characters_around_specials():
