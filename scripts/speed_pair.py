@@ -1,11 +1,12 @@
-"""Tokens/s of plain vs speculative decoding for each K on the random-weight pair.
+"""Tokens/s of plain vs speculative decoding for each K on one target/draft pair.
 
-Random weights accept almost nothing, so this measures the engine's overhead floor: the
-cost of a round (K draft steps + one verify) against plain steps, not a real speedup.
-Plain and speculative runs are interleaved in one process and the medians compared, so
-the ratio holds on a noisy shared machine.
+On the random-weight pair (acceptance ~0) this measures the engine's overhead floor: the
+cost of a round (K draft steps + one verify) against plain steps. On the embedded
+trained pair it measures a real speedup. Plain and speculative runs are interleaved in
+one process and the medians compared, so the ratio holds on a noisy shared machine.
 
-    python scripts/speed_random_pair.py --ks 1 2 4 8 --out results/speed_random_pair.json
+    python scripts/speed_pair.py --target random-target --draft random-draft --out results/speed_random_pair.json
+    python scripts/speed_pair.py --target stdlib-target --draft stdlib-draft --out results/speed_stdlib_pair.json
 """
 
 from __future__ import annotations
@@ -31,15 +32,18 @@ def _timed(fn) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="random-target", help="random preset, embedded name or HF dir")
+    parser.add_argument("--draft", default="random-draft", help="random preset, embedded name or HF dir")
+    parser.add_argument("--prompt", default="def parse_args(argv):\n")
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=Path("results/speed_random_pair.json"))
+    parser.add_argument("--out", type=Path, default=Path("results/speed_pair.json"))
     args = parser.parse_args()
 
-    target, draft = resolve_model("random-target"), resolve_model("random-draft", seed=1)
-    prompts = ["def parse_args(argv):\n"] * args.batch_size
+    target, draft = resolve_model(args.target), resolve_model(args.draft, seed=1)
+    prompts = [args.prompt] * args.batch_size
     n = args.max_new_tokens
 
     # Each generate call ends with a device_get of its results, so timing the call is
@@ -83,6 +87,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"jax": jax.__version__, "backend": jax.default_backend(), "device": str(jax.devices()[0])}
     result = {
+        "target": args.target,
+        "draft": args.draft,
         "environment": meta,
         "max_new_tokens": n,
         "batch_size": args.batch_size,
