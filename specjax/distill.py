@@ -67,7 +67,7 @@ class DistillDataConfig:
 @dataclasses.dataclass(frozen=True)
 class DistillEvalConfig:
     every: int = 100
-    prompts: int = 16  # held-out (test split) code prompts
+    prompts: int = 16  # held-out code prompts from the validation split
     prompt_bytes: int = 64
     max_new_tokens: int = 48
     num_speculative_tokens: int = 4
@@ -198,7 +198,8 @@ def distill(config: DistillConfig, out_dir: str | Path, progress: bool = True, s
     if start:
         state = checkpoints.restore(state)
     metrics = Metrics(out_dir / "metrics.jsonl", start)
-    prompts = held_out_prompts("code", config.eval.prompts, config.eval.prompt_bytes)
+    # Validation prompts: the test split stays untouched for the final quality report.
+    prompts = held_out_prompts("code", config.eval.prompts, config.eval.prompt_bytes, split="validation")
     if start == 0:
         metrics.write({"step": 0, **acceptance(config, target, as_draft(initial), prompts)})
 
