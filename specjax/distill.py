@@ -26,7 +26,7 @@ from specjax.decode import generate
 from specjax.divergences import DIVERGENCES, get_divergence
 from specjax.model import Model
 from specjax.models import ModelConfig, full_forward, init_params
-from specjax.runs import Checkpoints, Metrics, open_run
+from specjax.runs import open_run, resume_or_start
 from specjax.speculative import speculative_generate
 from specjax.train import OptimConfig, make_optimizer
 
@@ -192,12 +192,9 @@ def distill(config: DistillConfig, out_dir: str | Path, progress: bool = True, s
     as_draft = lambda params: Model(draft_config, params, tokenizer=start_draft.tokenizer)  # noqa: E731
     initial = start_draft.params if config.draft_init == "pretrained" else init_params(draft_config, config.seed)
     optimizer = make_optimizer(config.optim, config.steps)
-    state = {"params": initial, "opt_state": optimizer.init(initial)}
-    checkpoints = Checkpoints(out_dir / "checkpoints", config.checkpoint_every)
-    start = checkpoints.latest_step
-    if start:
-        state = checkpoints.restore(state)
-    metrics = Metrics(out_dir / "metrics.jsonl", start)
+    params, opt_state, start, checkpoints, metrics = resume_or_start(
+        out_dir, initial, optimizer, config.checkpoint_every
+    )
     # Validation prompts: the test split stays untouched for the final quality report.
     prompts = held_out_prompts("code", config.eval.prompts, config.eval.prompt_bytes, split="validation")
     if start == 0:
@@ -205,7 +202,6 @@ def distill(config: DistillConfig, out_dir: str | Path, progress: bool = True, s
 
     static = (config.objective, config.temperature, config.beta, draft_config, target.config)
     step_fn = jax.jit(_step, static_argnums=(0, 1), donate_argnums=(3, 4))
-    params, opt_state = state["params"], state["opt_state"]
     end = config.steps if stop_after is None else min(config.steps, start + stop_after)
     clock = time.perf_counter()
     for step in tqdm(range(start, end), initial=start, total=config.steps, disable=not progress, desc="distill"):

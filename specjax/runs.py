@@ -76,3 +76,14 @@ class Metrics:
 
     def rows(self) -> list[dict]:
         return [json.loads(line) for line in self.path.read_text().splitlines()] if self.path.exists() else []
+
+
+def resume_or_start(out_dir: Path, params, optimizer, checkpoint_every: int):
+    """(params, opt_state, start_step, checkpoints, metrics) of a run: fresh from `params`, or
+    restored from the newest checkpoint in `out_dir` if there is one."""
+    state = {"params": params, "opt_state": optimizer.init(params)}
+    checkpoints = Checkpoints(out_dir / "checkpoints", checkpoint_every)
+    start = checkpoints.latest_step
+    if start:
+        state = checkpoints.restore(state)
+    return state["params"], state["opt_state"], start, checkpoints, Metrics(out_dir / "metrics.jsonl", start)

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from specjax.data import DataConfig, evaluation_windows, training_batch
 from specjax.model import Model
 from specjax.models import ModelConfig, full_forward, init_params
-from specjax.runs import Checkpoints, Metrics, open_run
+from specjax.runs import open_run, resume_or_start
 from specjax.tokenizer import ByteTokenizer
 
 
@@ -106,20 +106,15 @@ def train(config: TrainConfig, out_dir: str | Path, progress: bool = True, stop_
     """
     out_dir = open_run(out_dir, config, "train_config.yaml")
     optimizer = make_optimizer(config.optim, config.steps)
-    params = init_params(config.model, config.seed)
-    state = {"params": params, "opt_state": optimizer.init(params)}
-    checkpoints = Checkpoints(out_dir / "checkpoints", config.checkpoint_every)
-    start = checkpoints.latest_step
-    if start:
-        state = checkpoints.restore(state)
-    metrics = Metrics(out_dir / "metrics.jsonl", start)
+    params, opt_state, start, checkpoints, metrics = resume_or_start(
+        out_dir, init_params(config.model, config.seed), optimizer, config.checkpoint_every
+    )
     step_fn = jax.jit(_train_step, static_argnums=(0, 1), donate_argnums=(2, 3))
     held_out = {
         d: evaluation_windows(d, "validation", config.data.seq_len, config.eval_windows) for d in ("code", "prose")
     }
 
     end = config.steps if stop_after is None else min(config.steps, start + stop_after)
-    params, opt_state = state["params"], state["opt_state"]
     bar = tqdm(range(start, end), initial=start, total=config.steps, disable=not progress, desc="train")
     tokens_per_step = config.data.batch_size * config.data.seq_len
     clock = time.perf_counter()
