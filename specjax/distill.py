@@ -76,7 +76,7 @@ class DistillEvalConfig:
 @dataclasses.dataclass(frozen=True)
 class DistillConfig:
     target: str = "stdlib-target"  # embedded name or HF directory; frozen
-    draft: str = "stdlib-draft"  # starting draft: embedded name or HF directory
+    draft: str = "stdlib-draft-pretrained"  # starting draft: embedded name or HF directory
     draft_init: str = "pretrained"  # "pretrained" (the draft's weights) or "random" (its architecture only)
     objective: str = "forward_kl"  # forward_kl | reverse_kl | jsd | tv | next_token
     beta: float = 0.5  # jsd only

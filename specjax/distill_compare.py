@@ -91,8 +91,8 @@ def _plot(curves: dict[str, list[dict]], path: Path, k: int) -> None:
         steps = [r["step"] for r in history]
         axes[0].plot(steps, [r["mean_acceptance_length_greedy"] for r in history], marker="o", label=name)
         axes[1].plot(steps, [r["mean_acceptance_length_sampled"] for r in history], marker="o", label=name)
-    for ax, title in zip(axes, ("greedy", "sampled (distillation temperature)"), strict=True):
-        ax.set_title(f"held-out mean acceptance length, K={k}, {title}")
+    for ax, title in zip(axes, ("greedy", "sampled at the distillation temperature"), strict=True):
+        ax.set_title(f"{title}: mean acceptance length (K={k})", fontsize=10)
         ax.set_xlabel("distillation step")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("tokens per round")
