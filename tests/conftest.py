@@ -59,3 +59,24 @@ def small_draft():
 
 
 RAGGED_PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [7], [30, 31]]
+
+
+def kill_after_checkpoint(command: list[str], checkpoints, min_step: int, total_steps: int) -> None:
+    """Start a `specjax` run, SIGKILL it once a checkpoint >= min_step exists, then rerun it to the end."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 180
+    while time.time() < deadline and process.poll() is None:
+        if checkpoints.exists() and any(p.name.isdigit() and int(p.name) >= min_step for p in checkpoints.iterdir()):
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the run finished before it could be killed; make it longer"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    completed = [int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()]
+    assert completed and max(completed) < total_steps
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

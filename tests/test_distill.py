@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import jax
 import numpy as np
 import pytest
-from conftest import noisy_copy, scaled_model
+from conftest import kill_after_checkpoint, noisy_copy, scaled_model
 
 import specjax
-from specjax.configs import load_config
+from specjax.configs import dump_config, load_config
 from specjax.distill import DistillConfig, distill, distillation_batch
 from specjax.tokenizer import ByteTokenizer
 
@@ -101,6 +102,21 @@ def test_resume_reproduces_the_uninterrupted_run(pair_dirs, tmp_path):
     resumed = distill(config, tmp_path / "resumed", progress=False)
     a = specjax.load_model(straight["draft"]).params
     b = specjax.load_model(resumed["draft"]).params
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+
+
+def test_kill_9_during_distillation_then_resume(pair_dirs, tmp_path):
+    """SIGKILL a real `specjax distill` process after a checkpoint; the rerun ends as an uninterrupted run."""
+    config = _config(pair_dirs, "steps=60", "eval.every=60", "data.draft_generated=0.5")
+    config_path = tmp_path / "distill.yaml"
+    dump_config(config, config_path)
+    run_dir = tmp_path / "killed"
+    command = [sys.executable, "-m", "specjax.cli", "distill", "--config", str(config_path), "--out", str(run_dir)]
+    kill_after_checkpoint([*command, "--no-progress"], run_dir / "checkpoints", min_step=10, total_steps=60)
+    straight = distill(config, tmp_path / "straight", progress=False)
+    a = specjax.load_model(straight["draft"]).params
+    b = specjax.load_model(run_dir / "draft").params
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
 

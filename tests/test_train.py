@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
 import pytest
+from conftest import kill_after_checkpoint
 
 from specjax.configs import dump_config, load_config
 from specjax.train import TrainConfig, train
@@ -76,20 +73,7 @@ def test_kill_9_during_training_then_resume(tmp_path):
     dump_config(config, config_path)
     run_dir = tmp_path / "killed"
     command = [sys.executable, "-m", "specjax.cli", "train", "--config", str(config_path), "--out", str(run_dir)]
-    process = subprocess.Popen([*command, "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    checkpoints = run_dir / "checkpoints"
-    deadline = time.time() + 120
-    while time.time() < deadline and process.poll() is None:
-        if checkpoints.exists() and any(p.name.isdigit() and int(p.name) >= 8 for p in checkpoints.iterdir()):
-            break
-        time.sleep(0.05)
-    assert process.poll() is None, "training finished before it could be killed; make the run longer"
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
-    completed = [int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()]
-    assert completed and max(completed) < 40
-
-    subprocess.run([*command, "--no-progress"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    kill_after_checkpoint([*command, "--no-progress"], run_dir / "checkpoints", min_step=8, total_steps=40)
     resumed = train(config, run_dir, progress=False)  # already complete: restores the final checkpoint
     straight = train(config, tmp_path / "straight", progress=False)
     _assert_same_params(resumed.params, straight.params)
