@@ -8,23 +8,15 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import kill_after_checkpoint, noisy_copy, scaled_model
+from conftest import TARGET_CONFIG, kill_after_checkpoint, noisy_copy, scaled_model
 
 import specjax
 from specjax.configs import dump_config, load_config
 from specjax.distill import DistillConfig, distill, distillation_batch
 from specjax.tokenizer import ByteTokenizer
 
-BYTES = specjax.ModelConfig(
-    vocab_size=259,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    max_position_embeddings=256,
-    tie_word_embeddings=False,
-)
+# The test target's shape with the byte vocabulary, so text prompts from the corpus work.
+BYTES = TARGET_CONFIG.replace(vocab_size=259, num_attention_heads=2, num_key_value_heads=1)
 
 
 @pytest.fixture(scope="module")
