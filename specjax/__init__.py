@@ -1,10 +1,10 @@
 """specjax: speculative decoding you can measure."""
 
-from specjax.decode import DecodeState, generate
+from specjax.decode import DecodeState, generate, prepare_generate
 from specjax.hf import load_model, save_model
 from specjax.model import Model, init_model, logits
 from specjax.models import KVCache, ModelConfig, init_cache
-from specjax.output import GenerationOutput, GenerationStats
+from specjax.output import GenerationOutput, GenerationStats, PreparedGeneration
 from specjax.sampling import (
     AcceptanceRule,
     SamplingConfig,
@@ -16,6 +16,7 @@ from specjax.speculative import (
     SpecPlan,
     SpecState,
     init_speculative_state,
+    prepare_speculative_generate,
     speculative_generate,
     speculative_step,
     state_output,
@@ -31,6 +32,7 @@ __all__ = [
     "KVCache",
     "Model",
     "ModelConfig",
+    "PreparedGeneration",
     "SamplingConfig",
     "SpecPlan",
     "SpecState",
@@ -41,6 +43,8 @@ __all__ = [
     "init_speculative_state",
     "load_model",
     "logits",
+    "prepare_generate",
+    "prepare_speculative_generate",
     "probabilities",
     "rejection_sampling_rule",
     "save_model",

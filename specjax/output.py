@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -80,3 +82,35 @@ def collect_output(tokens, prompt_lengths, lengths, row_rounds, target_forwards,
         per_row_mean_acceptance_length=[1.0 + _ratio(a, r) for a, r in zip(row_accepted, row_rounds, strict=True)],
     )
     return GenerationOutput(tokens=generated, stats=stats)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedGeneration:
+    """A checked, padded and planned generation call that has not run yet.
+
+    `launch(n)` starts the compiled loop for n <= max_new_tokens new tokens and returns
+    the final loop state without waiting for it (JAX dispatch is asynchronous), so a
+    benchmark can time `jax.block_until_ready(launch(n))`. Every n runs the same compiled
+    program: the token budget is a traced value and the cache is sized for
+    `max_new_tokens`. `run()` is what `generate` / `speculative_generate` return.
+    """
+
+    max_new_tokens: int
+    batch_size: int
+    cache_length: int
+    launch_fn: Callable[[int], Any]  # n -> final loop state (device arrays)
+    collect_fn: Callable[[Any], GenerationOutput]  # final loop state -> host-side output
+    tokenizer: Any = None  # set when the prompts were text: outputs are decoded too
+
+    def launch(self, max_new_tokens: int | None = None):
+        n = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if not 1 <= n <= self.max_new_tokens:
+            raise ValueError(f"max_new_tokens must lie in [1, {self.max_new_tokens}] for this prepared call, got {n}")
+        return self.launch_fn(n)
+
+    def collect(self, state) -> GenerationOutput:
+        out = self.collect_fn(state)
+        return out if self.tokenizer is None else out.with_text(self.tokenizer)
+
+    def run(self, max_new_tokens: int | None = None) -> GenerationOutput:
+        return self.collect(self.launch(max_new_tokens))

@@ -19,7 +19,7 @@ from specjax._loop import commit, gather_tokens, prefill, token_buffer
 from specjax._prompts import prepare_prompts
 from specjax.model import Model
 from specjax.models import KVCache, ModelConfig, forward
-from specjax.output import GenerationOutput, collect_output
+from specjax.output import GenerationOutput, PreparedGeneration, collect_output
 from specjax.sampling import AcceptanceRule, SamplingConfig, default_rule, probabilities, sample
 
 
@@ -263,6 +263,49 @@ def state_output(state: SpecState) -> GenerationOutput:
     return collect_output(np.asarray(tokens), prompt_lengths, lengths, row_rounds, forwards, accepted_at)
 
 
+def prepare_speculative_generate(
+    target: Model,
+    draft: Model,
+    prompts,
+    num_speculative_tokens: int = 4,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    eos_token_id: int | None = None,
+    rule: AcceptanceRule | None = None,
+) -> PreparedGeneration:
+    """Check and pad the inputs of `speculative_generate` once; run them (repeatedly) later."""
+    batch, plan = _prepare(
+        target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule
+    )
+    prompt, prompt_lengths = jnp.asarray(batch.tokens), jnp.asarray(batch.lengths)
+    eos, rng = jnp.int32(-1 if eos_token_id is None else eos_token_id), jax.random.key(seed)
+
+    def launch(n: int) -> SpecState:
+        return _generate(
+            target.params,
+            draft.params,
+            prompt,
+            prompt_lengths,
+            jnp.int32(n),
+            eos,
+            rng,
+            plan=plan,
+            cache_length=batch.cache_length,
+        )
+
+    return PreparedGeneration(
+        max_new_tokens=max_new_tokens,
+        batch_size=batch.batch_size,
+        cache_length=batch.cache_length,
+        launch_fn=launch,
+        collect_fn=state_output,
+        tokenizer=target.tokenizer if batch.is_text else None,
+    )
+
+
 def speculative_generate(
     target: Model,
     draft: Model,
@@ -285,19 +328,16 @@ def speculative_generate(
     sampling). `rule` replaces the acceptance rule (see specjax.sampling) for research
     on lossy or alternative verification.
     """
-    batch, plan = _prepare(
-        target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule
-    )
-    state = _generate(
-        target.params,
-        draft.params,
-        jnp.asarray(batch.tokens),
-        jnp.asarray(batch.lengths),
-        jnp.int32(max_new_tokens),
-        jnp.int32(-1 if eos_token_id is None else eos_token_id),
-        jax.random.key(seed),
-        plan=plan,
-        cache_length=batch.cache_length,
-    )
-    out = state_output(state)
-    return out.with_text(target.tokenizer) if batch.is_text else out
+    return prepare_speculative_generate(
+        target,
+        draft,
+        prompts,
+        num_speculative_tokens,
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        eos_token_id,
+        rule,
+    ).run()
