@@ -23,14 +23,14 @@ target's distribution exactly.
 """
 
 _EPILOG = """\
-command still to come: bench (config-driven experiments with plots).
-
 examples:
   specjax generate --prompt "def parse_args(" -k 4
   specjax generate --prompt "import os" --plain --max-new-tokens 32
   specjax generate --prompt "x" --prompt "class Foo:" --temperature 1.0 --seed 3 --json
   specjax train --config configs/train_target.yaml --out runs/target
   specjax distill --config configs/distill_quick.yaml --out runs/distill_quick
+  specjax bench --config configs/quick.yaml --out runs/bench_quick
+  specjax bench --config configs/e3_k_sweep.yaml --out runs/e3 --set timing.repeats=9
 """
 
 
@@ -189,6 +189,40 @@ def _distill(args) -> int:
     return 0
 
 
+def _add_bench(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="run experiments E1-E7 (timing, acceptance, cost model) and write results with plots",
+        description="Run the experiments a BenchConfig lists (E1 tokens per round, E2 verify cost, E3 K sweep, "
+        "E4 batch sweep, E5 context sweep, E6 waste, E7 sampling) and write OUT/results.json, "
+        "OUT/results.csv, one CSV and one PNG per experiment, and OUT/summary.md. Timings exclude "
+        "compilation, are repeated, interleaved and reported as medians. See README 'Bench'.",
+        formatter_class=_HelpFormatter,
+    )
+    p.add_argument("--config", required=True, help="YAML of a BenchConfig (see configs/quick.yaml, configs/e*.yaml)")
+    p.add_argument("--out", required=True, help="results directory (created; files in it are overwritten)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=_bench)
+
+
+def _bench(args) -> int:
+    from specjax.bench import BenchConfig, run_bench
+    from specjax.configs import load_config
+
+    config = load_config(BenchConfig, args.config, args.set)
+    results = run_bench(config, args.out, progress=not args.no_progress)
+    for name, experiment in results["experiments"].items():
+        summary = ", ".join(
+            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in experiment["summary"].items()
+            if not isinstance(v, dict)
+        )
+        print(f"{experiment['id']} {name} ({experiment['seconds']:.0f} s): {summary}")
+    print(f"wrote {args.out}/results.json, results.csv, summary.md and one PNG + CSV per experiment")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specjax",
@@ -200,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(subparsers)
     _add_train(subparsers)
     _add_distill(subparsers)
+    _add_bench(subparsers)
     return parser
 
 

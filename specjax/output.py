@@ -23,6 +23,9 @@ class GenerationStats:
       mean_acceptance_length: 1 + accepted_tokens / rounds, pooled over rows, i.e. tokens a
         round yields counting the correction/bonus token (gpt-fast reports it without +1).
       accepted_per_position: for i = 1..K, P(draft token i accepted | tokens 1..i-1 were).
+      accepted_counts: for i = 1..K, the row-rounds in which draft token i was accepted
+        (acceptance is a prefix, so rounds that accepted exactly n tokens are
+        accepted_counts[n-1] - accepted_counts[n]).
     """
 
     rounds: int
@@ -33,6 +36,7 @@ class GenerationStats:
     acceptance_rate: float
     mean_acceptance_length: float
     accepted_per_position: list[float]
+    accepted_counts: list[int]
     per_row_mean_acceptance_length: list[float]
 
     def to_dict(self) -> dict:
@@ -79,6 +83,7 @@ def collect_output(tokens, prompt_lengths, lengths, row_rounds, target_forwards,
         acceptance_rate=_ratio(accepted, k * rounds),
         mean_acceptance_length=1.0 + _ratio(accepted, rounds),
         accepted_per_position=[_ratio(reached[i + 1], reached[i]) for i in range(k)],
+        accepted_counts=[int(c) for c in reached[1:]],
         per_row_mean_acceptance_length=[1.0 + _ratio(a, r) for a, r in zip(row_accepted, row_rounds, strict=True)],
     )
     return GenerationOutput(tokens=generated, stats=stats)

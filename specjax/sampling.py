@@ -115,5 +115,16 @@ def rejection_sampling_rule(key, draft_tokens, p, q):
     return n, sample(residual_key, residual)
 
 
+def always_accept_rule(key, draft_tokens, p, q):
+    """Wrong on purpose: accepts every draft token, so the output follows the draft.
+
+    The negative control of every distribution test: a test that cannot tell this rule
+    from `rejection_sampling_rule` has no power.
+    """
+    del q
+    k = draft_tokens.shape[1]
+    return jnp.full(draft_tokens.shape[:1], k, jnp.int32), sample(key, p[:, k])
+
+
 def default_rule(sampling: SamplingConfig) -> AcceptanceRule:
     return greedy_rule if sampling.greedy else rejection_sampling_rule

@@ -11,38 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import TARGET_CONFIG, scaled_model
-from scipy import stats
 
 import specjax
-from specjax.sampling import sample
+from specjax.bench.distribution import chi_square_p_value
+from specjax.sampling import always_accept_rule, sample
 
 SAMPLES = 6000
 P_VALUE_PASS = 1e-3  # a correct sampler fails this one run in a thousand
 P_VALUE_FAIL = 1e-8
-
-
-def always_accept_rule(key, draft_tokens, p, q):
-    """Wrong on purpose: accepts every draft token, so the output follows the draft."""
-    del q
-    k = draft_tokens.shape[1]
-    return jnp.full(draft_tokens.shape[:1], k, jnp.int32), sample(key, p[:, k])
-
-
-def chi_square_p_value(samples: np.ndarray, expected: np.ndarray) -> float:
-    """Pearson chi-square of integer samples against probabilities over their support.
-
-    Cells with expected count < 5 are pooled into one so the test stays valid.
-    """
-    observed = np.bincount(samples, minlength=expected.size).astype(np.float64)
-    expected = np.asarray(expected, np.float64) * len(samples)
-    if observed[expected == 0].sum() > 0:
-        return 0.0  # a token the distribution excludes (top-k / top-p) was emitted
-    small = (expected < 5) & (expected > 0)
-    observed = np.append(observed[expected >= 5], observed[small].sum())
-    expected = np.append(expected[expected >= 5], expected[small].sum())
-    if expected[-1] == 0:
-        observed, expected = observed[:-1], expected[:-1]
-    return stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
 
 
 # --- The acceptance rule alone, on fixed hand-made distributions ---------------------------

@@ -1,0 +1,160 @@
+"""What `specjax bench` runs: one typed config, one section per experiment (E1-E7).
+
+A model is named (an embedded model, a random preset or a local HF directory) or given
+as a `ModelConfig` mapping, which builds a random-weight model of that shape: cost does
+not depend on training, so cost experiments can run a 1B-parameter bf16 target that was
+never trained, while acceptance is always measured on the (trained) `target`/`draft` pair.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from specjax.models import ModelConfig
+
+ModelSpec = str | ModelConfig
+
+EXPERIMENTS = {
+    "tokens_per_round": "E1",
+    "verify_cost": "E2",
+    "k_sweep": "E3",
+    "batch_sweep": "E4",
+    "context_sweep": "E5",
+    "waste": "E6",
+    "sampling": "E7",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompts:
+    """Held-out prompts from the stdlib corpus (see specjax.data.held_out_prompts)."""
+
+    domain: str = "code"
+    count: int = 8
+    prompt_bytes: int = 96
+    split: str = "test"
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    repeats: int = 5  # timed repetitions per configuration (medians are reported)
+    warmup: int = 1  # untimed calls first: the first one compiles
+    tpot_target_ms: float = 5.0  # the latency target of goodput
+    cost_inner: int = 16  # forwards per timed sample in the cost model (amortises dispatch)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokensPerRound:
+    """E1: measured tokens per round vs 1 + a + ... + a^K."""
+
+    ks: list[int] = dataclasses.field(default_factory=lambda: [1, 2, 3, 4, 6, 8])
+    temperatures: list[float] = dataclasses.field(default_factory=lambda: [0.0, 1.0])
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyCost:
+    """E2: cost of one target forward of width w, relative to w = 1."""
+
+    widths: list[int] = dataclasses.field(default_factory=lambda: list(range(1, 17)))
+    batch_sizes: list[int] = dataclasses.field(default_factory=lambda: [1])
+    context: int = 256  # cache slots of the forward (attention reads all of them)
+
+
+@dataclasses.dataclass(frozen=True)
+class KSweep:
+    """E3: speedup vs K at one batch size, measured beside the cost-model prediction."""
+
+    ks: list[int] = dataclasses.field(default_factory=lambda: [1, 2, 3, 4, 6, 8, 12])
+    batch_size: int = 1
+    temperature: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSweep:
+    """E4: speedup and total tokens/s vs batch size at one K."""
+
+    batch_sizes: list[int] = dataclasses.field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    num_speculative_tokens: int = 4
+    temperature: float = 0.0
+    end_to_end: bool = True  # also time real generations (needs a trained pair to mean much)
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextSweep:
+    """E5: decode and verify cost vs context length, beside the KV-cache bytes."""
+
+    contexts: list[int] = dataclasses.field(default_factory=lambda: [128, 256, 512, 1024, 2048])
+    batch_size: int = 1
+    num_speculative_tokens: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Waste:
+    """E6: drafted, accepted, correction/bonus and wasted positions per round."""
+
+    ks: list[int] = dataclasses.field(default_factory=lambda: [2, 4, 8])
+    temperature: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingCheck:
+    """E7: the target distribution test, plus acceptance at temperature 0 vs > 0."""
+
+    ks: list[int] = dataclasses.field(default_factory=lambda: [1, 2, 4, 8])
+    temperatures: list[float] = dataclasses.field(default_factory=lambda: [0.0, 0.7, 1.0])
+    test_temperature: float = 1.0
+    test_num_speculative_tokens: int = 4
+    test_samples: int = 4000  # independent two-token continuations of one prompt
+    p_value_threshold: float = 0.001
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    target: ModelSpec = "stdlib-target"
+    draft: ModelSpec = "stdlib-draft"
+    # Models for the cost experiments (E2, E4, E5) when they should differ from the pair,
+    # e.g. a large random-weight target on a GPU; their predictions use the pair's acceptance.
+    cost_target: ModelSpec | None = None
+    cost_draft: ModelSpec | None = None
+    prompts: Prompts = Prompts()
+    max_new_tokens: int = 128
+    seed: int = 0
+    timing: Timing = Timing()
+    bandwidth_megabytes: int = 256  # array size of the memory-bandwidth measurement
+    experiments: list[str] = dataclasses.field(default_factory=lambda: list(EXPERIMENTS))
+    tokens_per_round: TokensPerRound = TokensPerRound()
+    verify_cost: VerifyCost = VerifyCost()
+    k_sweep: KSweep = KSweep()
+    batch_sweep: BatchSweep = BatchSweep()
+    context_sweep: ContextSweep = ContextSweep()
+    waste: Waste = Waste()
+    sampling: SamplingCheck = SamplingCheck()
+
+    def __post_init__(self):
+        unknown = [e for e in self.experiments if e not in EXPERIMENTS]
+        if unknown:
+            raise ValueError(f"unknown experiment {unknown[0]!r}; choose from {', '.join(EXPERIMENTS)}")
+        if self.timing.repeats < 1 or self.timing.warmup < 1:
+            raise ValueError("timing.repeats and timing.warmup must be >= 1 (the warm-up call compiles)")
+        ks = [*self.tokens_per_round.ks, *self.k_sweep.ks, *self.waste.ks, *self.sampling.ks]
+        ks += [self.batch_sweep.num_speculative_tokens, self.context_sweep.num_speculative_tokens]
+        if any(k < 1 for k in ks):
+            raise ValueError(f"every num_speculative_tokens (K) must be >= 1, got {min(ks)}")
+        sizes = [*self.verify_cost.batch_sizes, *self.batch_sweep.batch_sizes, self.k_sweep.batch_size]
+        if any(b < 1 for b in sizes) or any(w < 1 for w in self.verify_cost.widths):
+            raise ValueError("batch sizes and verify widths must be >= 1")
+        if self.max_new_tokens < 2:
+            raise ValueError("max_new_tokens must be >= 2 (TPOT needs a token after the first)")
+
+    @property
+    def max_k(self) -> int:
+        """The largest K any experiment uses: acceptance profiles are measured at this K."""
+        return max(
+            [
+                *self.tokens_per_round.ks,
+                *self.k_sweep.ks,
+                *self.waste.ks,
+                self.batch_sweep.num_speculative_tokens,
+                self.context_sweep.num_speculative_tokens,
+            ]
+        )

@@ -1,0 +1,148 @@
+"""The cost model: what one forward costs, what it moves, and what a round should yield.
+
+Measured: the wall time of one forward of width w (w tokens per row, the verify width is
+K + 1) on a cache of a given length. Estimated analytically: the bytes a forward must
+stream (the weights once, plus every row's KV cache) and its FLOPs, whose ratio is the
+arithmetic intensity. Predicted: tokens per round from per-position acceptance, and the
+speedup of speculative over plain decoding from the measured costs.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.bench.timing import median, timed
+from specjax.model import Model
+from specjax.models import ModelConfig, forward, init_cache
+
+# Tables read by gathering a few rows, not streamed whole through a matrix product.
+_LOOKUP_TABLES = ("embed", "position_embed")
+
+
+def _itemsize(config: ModelConfig) -> int:
+    return jnp.dtype(config.dtype).itemsize
+
+
+def _head_dim(config: ModelConfig) -> int:
+    return config.head_dim or config.hidden_size // config.num_attention_heads
+
+
+def matmul_parameters(model: Model) -> int:
+    """Parameters a forward multiplies by: all but lookup tables, plus a tied LM head."""
+    sizes = {name: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(sub)) for name, sub in model.params.items()}
+    total = sum(size for name, size in sizes.items() if name not in _LOOKUP_TABLES)
+    if "lm_head" not in sizes:  # tied: the embedding table is the output projection
+        total += model.config.vocab_size * model.config.hidden_size
+    return total
+
+
+def kv_cache_bytes(config: ModelConfig, batch: int, context: int) -> int:
+    """2 (K and V) * layers * context * n_kv * d_head * bytes, per row, times rows."""
+    kv_heads = config.num_attention_heads if config.model_type == "gpt2" else config.num_key_value_heads
+    return 2 * config.num_hidden_layers * context * kv_heads * _head_dim(config) * _itemsize(config) * batch
+
+
+def forward_estimate(model: Model, batch: int, width: int, context: int) -> dict:
+    """FLOPs, bytes moved and arithmetic intensity of one forward of [batch, width] tokens.
+
+    Attention here reads every slot of the static cache (masked), so its cost follows
+    the cache length `context`, not the number of filled slots.
+    """
+    config = model.config
+    tokens = batch * width
+    weight_bytes = matmul_parameters(model) * _itemsize(config)
+    kv_bytes = kv_cache_bytes(config, batch, context)
+    # 2 FLOPs per multiply-add; attention: q.k and p.v over `context` slots for every head.
+    attention = 4 * config.num_hidden_layers * tokens * context * config.num_attention_heads * _head_dim(config)
+    flops = 2 * matmul_parameters(model) * tokens + attention
+    moved = weight_bytes + kv_bytes
+    return {
+        "flops": flops,
+        "weight_bytes": weight_bytes,
+        "kv_cache_bytes": kv_bytes,
+        "bytes_moved": moved,
+        "arithmetic_intensity": flops / moved,
+    }
+
+
+@functools.partial(jax.jit, static_argnames=("config", "inner"), donate_argnums=3)
+def _forwards(config: ModelConfig, params, tokens, cache, positions, inner: int):
+    """`inner` dependent forwards of tokens [B, w] at positions [B, w] (each reads the cache the last wrote)."""
+
+    def body_fn(_, carry):
+        cache, checksum = carry
+        logits, cache = forward(config, params, tokens, positions, cache)
+        # Consuming the logits keeps XLA from dropping the LM head as dead code.
+        return cache, checksum + logits[:, -1, 0].astype(jnp.float32)
+
+    return jax.lax.fori_loop(0, inner, body_fn, (cache, jnp.zeros(tokens.shape[0], jnp.float32)))
+
+
+class CostTable:
+    """Measured seconds per forward, keyed by (model, batch, width, context), memoised."""
+
+    def __init__(self, inner: int, repeats: int):
+        self.inner, self.repeats = inner, repeats
+        self._seconds: dict[tuple, float] = {}
+
+    def seconds(self, model: Model, batch: int, width: int, context: int) -> float:
+        key = (id(model.params), model.config, batch, width, context)
+        if key not in self._seconds:
+            self._seconds[key] = self._measure(model, batch, width, context)
+        return self._seconds[key]
+
+    def _measure(self, model: Model, batch: int, width: int, context: int) -> float:
+        if width > context:
+            raise ValueError(f"a forward of width {width} does not fit a cache of {context} slots")
+        tokens = jnp.ones((batch, width), jnp.int32)
+        # The last `width` slots: the widest attention this cache length allows.
+        positions = jnp.broadcast_to(jnp.arange(context - width, context, dtype=jnp.int32), (batch, width))
+        cache = init_cache(model.config, batch, context).replace(lengths=jnp.full((batch,), context - width))
+
+        def call():
+            nonlocal cache
+            cache, checksum = _forwards(model.config, model.params, tokens, cache, positions, self.inner)
+            return checksum
+
+        jax.block_until_ready(call())  # compile
+        return median([timed(call) for _ in range(self.repeats)]) / self.inner
+
+
+def expected_tokens_per_round(per_position: Sequence[float], k: int) -> float:
+    """1 + a_1 + a_1 a_2 + ... + a_1...a_K with measured conditional acceptances a_i."""
+    if k > len(per_position):
+        raise ValueError(f"per-position acceptance was measured for K <= {len(per_position)}, not {k}")
+    return 1.0 + float(np.sum(np.cumprod(per_position[:k])))
+
+
+def geometric_tokens_per_round(alpha: float, k: int) -> float:
+    """1 + a + ... + a^K: the i.i.d. acceptance model of Leviathan et al."""
+    return float(sum(alpha**i for i in range(k + 1)))
+
+
+def round_seconds(costs: CostTable, target: Model, draft: Model, batch: int, k: int, context: int) -> dict:
+    """Component times of one speculative round and of one plain step, from measured forwards.
+
+    The draft runs a width-2 catch-up then K - 1 width-1 steps (see speculative._propose);
+    the target verifies K + 1 positions. Sampling and bookkeeping are not counted here,
+    which is why measured rounds run a little slower than this sum.
+    """
+    draft_seconds = costs.seconds(draft, batch, 2, context) + (k - 1) * costs.seconds(draft, batch, 1, context)
+    verify_seconds = costs.seconds(target, batch, k + 1, context)
+    return {
+        "plain_step_seconds": costs.seconds(target, batch, 1, context),
+        "draft_seconds": draft_seconds,
+        "verify_seconds": verify_seconds,
+        "round_seconds": draft_seconds + verify_seconds,
+        "draft_share": draft_seconds / (draft_seconds + verify_seconds),
+    }
+
+
+def predicted_speedup(tokens_per_round: float, components: dict) -> float:
+    """Tokens per round times (plain step time / round time)."""
+    return tokens_per_round * components["plain_step_seconds"] / components["round_seconds"]

@@ -1,0 +1,287 @@
+"""E1-E7: one function per claim of the seed article, each returning rows and a summary.
+
+Every experiment returns {"claim", "rows", "summary"}; rows become the experiment's CSV
+and plot. "measured" always means timed or counted in this run; "predicted" always means
+the cost model (measured forward costs x measured acceptance), and is labelled so.
+"""
+
+from __future__ import annotations
+
+from specjax.bench.context import BenchContext
+from specjax.bench.cost import (
+    expected_tokens_per_round,
+    forward_estimate,
+    geometric_tokens_per_round,
+    kv_cache_bytes,
+    predicted_speedup,
+    round_seconds,
+)
+from specjax.bench.distribution import distribution_test
+from specjax.bench.measure import RunSpec
+
+
+def _pooled_alpha(stats: dict) -> float:
+    """The constant per-position acceptance that fits best: accepted / positions reached."""
+    histogram = stats["rounds_accepting"]  # row-rounds that accepted exactly n, n = 0..K
+    reached = sum(sum(histogram[i:]) for i in range(len(histogram) - 1))
+    return stats["accepted_tokens"] / reached if reached else 0.0
+
+
+def tokens_per_round(ctx: BenchContext) -> dict:
+    cfg = ctx.config.tokens_per_round
+    rows = []
+    for temperature in cfg.temperatures:
+        profile = ctx.profile(temperature)
+        for k in cfg.ks:
+            stats = ctx.acceptance(k, temperature)
+            alpha = _pooled_alpha(stats)
+            rows.append(
+                {
+                    "temperature": temperature,
+                    "num_speculative_tokens": k,
+                    "measured_tokens_per_round": stats["mean_acceptance_length"],
+                    "alpha": alpha,
+                    "predicted_geometric": geometric_tokens_per_round(alpha, k),
+                    "predicted_per_position": expected_tokens_per_round(profile, k),
+                    "accepted_per_position": stats["accepted_per_position"],
+                    "rounds": stats["rounds"],
+                }
+            )
+    worst = max(abs(r["predicted_geometric"] / r["measured_tokens_per_round"] - 1) for r in rows)
+    return {
+        "claim": "E[tokens per round] = 1 + a + ... + a^K (a = per-position acceptance)",
+        "rows": rows,
+        "summary": {"max_relative_error_geometric": worst},
+    }
+
+
+def verify_cost(ctx: BenchContext) -> dict:
+    cfg = ctx.config.verify_cost
+    model, machine = ctx.cost_target, ctx.machine()
+    rows = []
+    for batch in cfg.batch_sizes:
+        base = ctx.costs.seconds(model, batch, 1, cfg.context)
+        base_roofline = ctx.roofline_seconds(model, batch, 1, cfg.context)
+        for width in cfg.widths:
+            seconds = ctx.costs.seconds(model, batch, width, cfg.context)
+            estimate = forward_estimate(model, batch, width, cfg.context)
+            roofline = ctx.roofline_seconds(model, batch, width, cfg.context)
+            rows.append(
+                {
+                    "batch_size": batch,
+                    "width": width,
+                    "context": cfg.context,
+                    "seconds": seconds,
+                    "relative_cost": seconds / base,
+                    "roofline_relative_cost": roofline / base_roofline,
+                    "fraction_of_memory_limit": estimate["bytes_moved"]
+                    / machine["memory_bandwidth_bytes_per_second"]
+                    / seconds,
+                    "achieved_flops_per_second": estimate["flops"] / seconds,
+                    **estimate,
+                }
+            )
+    at_16 = [
+        r["relative_cost"] for r in rows if r["width"] == max(cfg.widths) and r["batch_size"] == cfg.batch_sizes[0]
+    ]
+    return {
+        "claim": "a forward of width w costs far less than w forwards of width 1 while decode is memory-bound",
+        "rows": rows,
+        "summary": {f"relative_cost_at_width_{max(cfg.widths)}": at_16[0], **machine},
+    }
+
+
+def _predict(ctx: BenchContext, k: int, batch: int, temperature: float, target, draft, context: int) -> dict:
+    components = round_seconds(ctx.costs, target, draft, batch, k, context)
+    tokens = expected_tokens_per_round(ctx.profile(temperature), k)
+    return {
+        "predicted_tokens_per_round": tokens,
+        "predicted_speedup": predicted_speedup(tokens, components),
+        "draft_time_share": components["draft_share"],
+        **{f"cost_{name}": value for name, value in components.items() if name != "draft_share"},
+    }
+
+
+def _add_overhead(ctx: BenchContext, row: dict, target, draft) -> None:
+    """Measured loop iteration minus the forwards the cost model counts: sampling, commit, dispatch."""
+    batch, k = row["batch_size"], row["num_speculative_tokens"]
+    if row["method"] == "plain":
+        modelled = ctx.costs.seconds(target, batch, 1, ctx.context)
+    else:
+        modelled = round_seconds(ctx.costs, target, draft, batch, k, ctx.context)["round_seconds"]
+    row["modelled_ms_per_iteration"] = 1e3 * modelled
+    row["unmodelled_ms_per_iteration"] = row["ms_per_iteration"] - 1e3 * modelled
+
+
+def k_sweep(ctx: BenchContext) -> dict:
+    cfg = ctx.config.k_sweep
+    specs = [RunSpec("speculative", cfg.batch_size, k, cfg.temperature) for k in cfg.ks]
+    rows = ctx.measure(specs, "E3 K sweep")
+    for row in rows:
+        if row["method"] == "speculative":
+            k = row["num_speculative_tokens"]
+            row.update(_predict(ctx, k, cfg.batch_size, cfg.temperature, ctx.target, ctx.draft, ctx.context))
+        _add_overhead(ctx, row, ctx.target, ctx.draft)
+    spec_rows = [r for r in rows if r["method"] == "speculative"]
+    best = max(spec_rows, key=lambda r: r["speedup_vs_plain"])
+    best_predicted = max(spec_rows, key=lambda r: r["predicted_speedup"])
+    return {
+        "claim": "speedup vs K has an interior optimum (draft cost, verify width and waste grow with K)",
+        "rows": rows,
+        "summary": {
+            "best_k_measured": best["num_speculative_tokens"],
+            "best_speedup_measured": best["speedup_vs_plain"],
+            "best_k_predicted": best_predicted["num_speculative_tokens"],
+            "best_speedup_predicted": best_predicted["predicted_speedup"],
+        },
+    }
+
+
+def batch_sweep(ctx: BenchContext) -> dict:
+    cfg = ctx.config.batch_sweep
+    k, temperature = cfg.num_speculative_tokens, cfg.temperature
+    rows = []
+    if cfg.end_to_end:
+        specs = [RunSpec("speculative", b, k, temperature) for b in cfg.batch_sizes]
+        rows = ctx.measure(specs, "E4 batch sweep")
+    predictions = []
+    for batch in cfg.batch_sizes:
+        p = _predict(ctx, k, batch, temperature, ctx.cost_target, ctx.cost_draft, ctx.context)
+        plain_tps = batch / p["cost_plain_step_seconds"]
+        predictions.append(
+            {
+                "batch_size": batch,
+                "num_speculative_tokens": k,
+                "predicted_plain_tokens_per_second": plain_tps,
+                "predicted_speculative_tokens_per_second": plain_tps * p["predicted_speedup"],
+                **p,
+            }
+        )
+    for row in rows:
+        if row["method"] == "speculative":
+            match = next(p for p in predictions if p["batch_size"] == row["batch_size"])
+            if not ctx.separate_cost_models:
+                row.update({key: match[key] for key in ("predicted_speedup", "predicted_tokens_per_round")})
+        if not ctx.separate_cost_models:
+            _add_overhead(ctx, row, ctx.target, ctx.draft)
+    return {
+        "claim": "the gain shrinks, and can invert, as batching makes the target compute-bound",
+        "rows": rows,
+        "predictions": predictions,
+        "prediction_models": "cost_target/cost_draft" if ctx.separate_cost_models else "target/draft",
+        "summary": {
+            "predicted_speedup_by_batch": {p["batch_size"]: p["predicted_speedup"] for p in predictions},
+            "measured_speedup_by_batch": {
+                r["batch_size"]: r["speedup_vs_plain"] for r in rows if r["method"] == "speculative"
+            },
+        },
+    }
+
+
+def context_sweep(ctx: BenchContext) -> dict:
+    cfg = ctx.config.context_sweep
+    target, draft, k, batch = ctx.cost_target, ctx.cost_draft, cfg.num_speculative_tokens, cfg.batch_size
+    limit = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
+    rows = []
+    for context in [c for c in cfg.contexts if c <= limit]:
+        estimate = forward_estimate(target, batch, 1, context)
+        p = _predict(ctx, k, batch, 0.0, target, draft, context)
+        rows.append(
+            {
+                "context": context,
+                "batch_size": batch,
+                "num_speculative_tokens": k,
+                "decode_seconds": p["cost_plain_step_seconds"],
+                "verify_seconds": p["cost_verify_seconds"],
+                "round_seconds": p["cost_round_seconds"],
+                "predicted_speedup": p["predicted_speedup"],
+                "kv_cache_bytes": kv_cache_bytes(target.config, batch, context),
+                "weight_bytes": estimate["weight_bytes"],
+                "kv_share_of_bytes": estimate["kv_cache_bytes"] / estimate["bytes_moved"],
+            }
+        )
+    return {
+        "claim": "the KV cache grows linearly with context, and decode cost with it",
+        "rows": rows,
+        "skipped_contexts": [c for c in cfg.contexts if c > limit],
+        "summary": {"kv_bytes_per_token_per_row": kv_cache_bytes(target.config, 1, 1)},
+    }
+
+
+def waste(ctx: BenchContext) -> dict:
+    cfg = ctx.config.waste
+    rows = []
+    for k in cfg.ks:
+        stats = ctx.acceptance(k, cfg.temperature)
+        rounds = stats["rounds"]
+        histogram = stats["rounds_accepting"]
+        rows.append(
+            {
+                "num_speculative_tokens": k,
+                "temperature": cfg.temperature,
+                "rounds": rounds,
+                "verified_positions_per_round": k + 1,
+                "drafted_per_round": k,
+                "accepted_per_round": stats["accepted_tokens"] / rounds,
+                "correction_per_round": sum(histogram[:k]) / rounds,
+                "bonus_per_round": histogram[k] / rounds,
+                "wasted_per_round": stats["wasted_positions"] / rounds,
+                "kept_fraction_of_verified": (stats["accepted_tokens"] + rounds) / ((k + 1) * rounds),
+                "rounds_accepting": histogram,
+            }
+        )
+    return {
+        "claim": "every position verified after the first rejection is wasted work",
+        "rows": rows,
+        "summary": {f"wasted_per_round_k{r['num_speculative_tokens']}": r["wasted_per_round"] for r in rows},
+    }
+
+
+def sampling(ctx: BenchContext) -> dict:
+    cfg = ctx.config.sampling
+    rows = []
+    for temperature in cfg.temperatures:
+        for k in cfg.ks:
+            stats = ctx.acceptance(k, temperature)
+            rows.append(
+                {
+                    "temperature": temperature,
+                    "num_speculative_tokens": k,
+                    "acceptance_rate": stats["acceptance_rate"],
+                    "mean_acceptance_length": stats["mean_acceptance_length"],
+                }
+            )
+    prompt = ctx.workload.prompts[0][:16]  # short: every sample is a row of one batch
+    tests = distribution_test(
+        ctx.target,
+        ctx.draft,
+        prompt,
+        cfg.test_num_speculative_tokens,
+        cfg.test_temperature,
+        cfg.test_samples,
+        ctx.config.seed,
+    )
+    for test in tests:
+        test["passes"] = min(test["p_value_token_1"], test["p_value_token_2"]) > cfg.p_value_threshold
+    exact, control = tests
+    return {
+        "claim": "speculative sampling preserves the target distribution; acceptance depends on temperature",
+        "rows": rows,
+        "distribution_test": tests,
+        "summary": {
+            "exact_rule_passes": exact["passes"],
+            "negative_control_fails": not control["passes"],
+            "p_value_threshold": cfg.p_value_threshold,
+        },
+    }
+
+
+EXPERIMENT_FUNCTIONS = {
+    "tokens_per_round": tokens_per_round,
+    "verify_cost": verify_cost,
+    "k_sweep": k_sweep,
+    "batch_sweep": batch_sweep,
+    "context_sweep": context_sweep,
+    "waste": waste,
+    "sampling": sampling,
+}

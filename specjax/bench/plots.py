@@ -1,0 +1,201 @@
+"""One PNG per experiment. Measured values are solid markers, predictions dashed lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _spec(rows):
+    return [r for r in rows if r["method"] == "speculative"]
+
+
+def tokens_per_round(result: dict, path: Path, title: str) -> Path:
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for i, temperature in enumerate(sorted({r["temperature"] for r in result["rows"]})):
+        rows = [r for r in result["rows"] if r["temperature"] == temperature]
+        ks = [r["num_speculative_tokens"] for r in rows]
+        color = f"C{i}"
+        ax.plot(
+            ks, [r["measured_tokens_per_round"] for r in rows], "o-", color=color, label=f"measured, T={temperature}"
+        )
+        ax.plot(ks, [r["predicted_geometric"] for r in rows], "--", color=color, label="1+a+...+a^K (pooled a)")
+        ax.plot(ks, [r["predicted_per_position"] for r in rows], ":", color=color, label="product of measured a_i")
+    ax.set(xlabel="K (draft tokens per round)", ylabel="tokens per round", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def verify_cost(result: dict, path: Path, title: str) -> Path:
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, batch in enumerate(sorted({r["batch_size"] for r in result["rows"]})):
+        rows = [r for r in result["rows"] if r["batch_size"] == batch]
+        widths = [r["width"] for r in rows]
+        ax.plot(widths, [r["relative_cost"] for r in rows], "o-", color=f"C{i}", label=f"measured, batch {batch}")
+        ax.plot(widths, [r["roofline_relative_cost"] for r in rows], "--", color=f"C{i}", label="roofline estimate")
+        ax2.plot(widths, [r["arithmetic_intensity"] for r in rows], "o-", color=f"C{i}", label=f"batch {batch}")
+    widths = sorted({r["width"] for r in result["rows"]})
+    ax.plot(widths, widths, color="gray", lw=0.8, label="w separate forwards")
+    ax.axhline(1.0, color="gray", lw=0.8, ls=":")
+    ax.set(xlabel="forward width w (tokens per row)", ylabel="cost relative to w = 1", title=title)
+    balance = result["summary"]["machine_balance_flops_per_byte"]
+    ax2.axhline(balance, color="red", lw=0.8, ls="--", label=f"machine balance {balance:.0f} FLOP/B")
+    ax2.set(xlabel="forward width w", ylabel="FLOPs per byte moved", title="arithmetic intensity (estimate)")
+    ax2.set_yscale("log")
+    for a in (ax, ax2):
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def k_sweep(result: dict, path: Path, title: str) -> Path:
+    rows = _spec(result["rows"])
+    ks = [r["num_speculative_tokens"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    ax.plot(ks, [r["speedup_vs_plain"] for r in rows], "o-", label="measured")
+    ax.plot(ks, [r["predicted_speedup"] for r in rows], "s--", label="predicted (cost model)")
+    best = result["summary"]
+    ax.plot([best["best_k_measured"]], [best["best_speedup_measured"]], "r*", ms=14, label="measured optimum")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set(xlabel="K (draft tokens per round)", ylabel="speedup vs plain decoding", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def batch_sweep(result: dict, path: Path, title: str) -> Path:
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    predictions = result["predictions"]
+    batches = [p["batch_size"] for p in predictions]
+    label = f"predicted ({result['prediction_models']})"
+    ax.plot(batches, [p["predicted_speedup"] for p in predictions], "s--", label=label)
+    ax2.plot(
+        batches,
+        [p["predicted_plain_tokens_per_second"] for p in predictions],
+        "--",
+        color="C0",
+        label="plain, predicted",
+    )
+    ax2.plot(
+        batches,
+        [p["predicted_speculative_tokens_per_second"] for p in predictions],
+        "--",
+        color="C1",
+        label="spec, predicted",
+    )
+    spec = _spec(result["rows"])
+    if spec:
+        ax.plot([r["batch_size"] for r in spec], [r["speedup_vs_plain"] for r in spec], "o-", label="measured")
+        plain = [r for r in result["rows"] if r["method"] == "plain"]
+        ax2.plot(
+            [r["batch_size"] for r in plain],
+            [r["tokens_per_second"] for r in plain],
+            "o-",
+            color="C0",
+            label="plain, measured",
+        )
+        ax2.plot(
+            [r["batch_size"] for r in spec],
+            [r["tokens_per_second"] for r in spec],
+            "o-",
+            color="C1",
+            label="spec, measured",
+        )
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set(xlabel="batch size", ylabel="speedup vs plain decoding", title=title)
+    ax2.set(xlabel="batch size", ylabel="total tokens/s", title="throughput")
+    for a in (ax, ax2):
+        a.set_xscale("log", base=2)
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+    ax2.set_yscale("log")
+    return _save(fig, path)
+
+
+def context_sweep(result: dict, path: Path, title: str) -> Path:
+    rows = result["rows"]
+    contexts = [r["context"] for r in rows]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    ax.plot(contexts, [1e3 * r["decode_seconds"] for r in rows], "o-", label="decode step (width 1)")
+    ax.plot(contexts, [1e3 * r["verify_seconds"] for r in rows], "s-", label="verify (width K+1)")
+    ax.plot(contexts, [1e3 * r["round_seconds"] for r in rows], "^-", label="speculative round (draft + verify)")
+    ax.set(xlabel="context (cache slots)", ylabel="ms per forward", title=title)
+    ax2.plot(contexts, [r["kv_cache_bytes"] / 2**20 for r in rows], "o-", label="KV cache read per step")
+    ax2.plot(contexts, [r["weight_bytes"] / 2**20 for r in rows], "--", label="weights read per step")
+    ax2.set(xlabel="context (cache slots)", ylabel="MiB per step", title="bytes per decode step")
+    for a in (ax, ax2):
+        a.set_xscale("log", base=2)
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def waste(result: dict, path: Path, title: str) -> Path:
+    rows = result["rows"]
+    labels = [f"K={r['num_speculative_tokens']}" for r in rows]
+    parts = [
+        ("accepted_per_round", "accepted drafts"),
+        ("correction_per_round", "correction"),
+        ("bonus_per_round", "bonus"),
+        ("wasted_per_round", "wasted (after first rejection)"),
+    ]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    bottom = [0.0] * len(rows)
+    for key, name in parts:
+        values = [r[key] for r in rows]
+        ax.bar(labels, values, bottom=bottom, label=name)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set(ylabel="verified positions per round", title=title)
+    ax.legend(fontsize=7)
+    for i, r in enumerate(rows):
+        histogram = r["rounds_accepting"]
+        share = [h / r["rounds"] for h in histogram]
+        ax2.plot(range(len(share)), share, "o-", color=f"C{i}", label=labels[i])
+    ax2.set(xlabel="draft tokens accepted in the round", ylabel="share of rounds", title="acceptance per round")
+    ax2.grid(alpha=0.3)
+    ax2.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def sampling(result: dict, path: Path, title: str) -> Path:
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, temperature in enumerate(sorted({r["temperature"] for r in result["rows"]})):
+        rows = [r for r in result["rows"] if r["temperature"] == temperature]
+        ks = [r["num_speculative_tokens"] for r in rows]
+        ax.plot(ks, [r["mean_acceptance_length"] for r in rows], "o-", color=f"C{i}", label=f"T={temperature}")
+    ax.set(xlabel="K", ylabel="mean acceptance length (tokens/round)", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    tests = result["distribution_test"]
+    names = [t["rule"].replace(" (negative control)", "\n(negative control)") for t in tests]
+    x = range(len(tests))
+    ax2.bar([i - 0.2 for i in x], [max(t["p_value_token_1"], 1e-300) for t in tests], 0.4, label="token 1")
+    ax2.bar([i + 0.2 for i in x], [max(t["p_value_token_2"], 1e-300) for t in tests], 0.4, label="token 2")
+    ax2.axhline(result["summary"]["p_value_threshold"], color="red", ls="--", lw=0.8, label="threshold")
+    ax2.set_xticks(list(x), names, fontsize=8)
+    ax2.set(yscale="log", ylabel="chi-square p-value", title="distribution test vs exact target")
+    ax2.legend(fontsize=7)
+    return _save(fig, path)
+
+
+PLOTS = {
+    "tokens_per_round": tokens_per_round,
+    "verify_cost": verify_cost,
+    "k_sweep": k_sweep,
+    "batch_sweep": batch_sweep,
+    "context_sweep": context_sweep,
+    "waste": waste,
+    "sampling": sampling,
+}

@@ -1,0 +1,153 @@
+"""Writing a bench run down: results.json, CSV tables and summary.md (schema: README "Bench")."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+
+# Written into every results.json, so a number never travels without its meaning.
+DEFINITIONS = {
+    "tokens_per_second": "output tokens of all requests / wall time of all requests (median over repetitions)",
+    "latency_ms": "wall time of one request (a batch of batch_size rows), median",
+    "ttft_ms": "time to first token: the same compiled program run for one new token (prefill + first step/round)",
+    "tpot_ms": "time per output token = (latency - TTFT) / (max_new_tokens - 1)",
+    "goodput_tokens_per_second": "output tokens of requests whose TPOT <= tpot_target_ms / wall time of all requests",
+    "speedup_vs_plain": "tokens_per_second / tokens_per_second of plain decoding, same target, batch and temperature",
+    "acceptance_rate": "accepted draft tokens / drafted tokens",
+    "mean_acceptance_length": "1 + accepted / rounds: tokens per round including the correction/bonus token "
+    "(vLLM/EAGLE convention; gpt-fast reports it without the +1)",
+    "accepted_per_position": "for i = 1..K: P(draft token i accepted | tokens 1..i-1 accepted)",
+    "rounds_accepting": "for n = 0..K: row-rounds that accepted exactly n draft tokens",
+    "target_forwards_per_token": "batched target forward passes x batch_size / output tokens (1 for plain decoding)",
+    "wasted_positions": "verified draft positions after the first rejection = drafted - accepted",
+    "draft_time_share": "draft time / round time, from measured forward costs (cost model)",
+    "ms_per_iteration": "(latency - TTFT) / (target forwards per request - 1): one plain step or one speculative round",
+    "unmodelled_ms_per_iteration": "ms_per_iteration minus the forward times the cost model counts (sampling, "
+    "acceptance, commit and per-op dispatch): why measured speedups fall short of predicted ones",
+    "predicted_speedup": "cost model: expected tokens per round (measured per-position acceptance) x plain step "
+    "time / (draft time + verify time at width K+1), forward times measured in this run",
+    "output_matches_plain": "greedy only: speculative tokens equal plain greedy tokens for every prompt",
+}
+
+# Columns that lead every measured row (the required fields of the schema).
+ROW_FIELDS = [
+    "experiment",
+    "method",
+    "num_speculative_tokens",
+    "batch_size",
+    "temperature",
+    "tokens_per_second",
+    "tpot_ms",
+    "mean_acceptance_length",
+    "speedup_vs_plain",
+]
+
+# What summary.md shows of each experiment's rows.
+SUMMARY_COLUMNS = {
+    "tokens_per_round": [
+        "temperature",
+        "num_speculative_tokens",
+        "measured_tokens_per_round",
+        "alpha",
+        "predicted_geometric",
+        "predicted_per_position",
+    ],
+    "verify_cost": ["batch_size", "width", "relative_cost", "roofline_relative_cost", "arithmetic_intensity"],
+    "k_sweep": [
+        "method",
+        "num_speculative_tokens",
+        "tokens_per_second",
+        "tpot_ms",
+        "mean_acceptance_length",
+        "speedup_vs_plain",
+        "predicted_speedup",
+        "draft_time_share",
+        "ms_per_iteration",
+        "unmodelled_ms_per_iteration",
+    ],
+    "batch_sweep": ["method", "batch_size", "tokens_per_second", "tpot_ms", "speedup_vs_plain", "predicted_speedup"],
+    "context_sweep": ["context", "decode_seconds", "verify_seconds", "kv_cache_bytes", "weight_bytes"],
+    "waste": [
+        "num_speculative_tokens",
+        "accepted_per_round",
+        "correction_per_round",
+        "bonus_per_round",
+        "wasted_per_round",
+        "kept_fraction_of_verified",
+    ],
+    "sampling": ["temperature", "num_speculative_tokens", "acceptance_rate", "mean_acceptance_length"],
+}
+
+
+def _cell(value):
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    return value
+
+
+def write_csv(rows: list[dict], path: Path, leading: list[str] = ()) -> None:
+    columns = list(leading)
+    for row in rows:
+        columns += [key for key in row if key not in columns]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({key: _cell(value) for key, value in row.items()})
+
+
+def _table(rows: list[dict], columns: list[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(_cell(row.get(c, ""))) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def summary_markdown(results: dict) -> str:
+    env = results["environment"]
+    models = results["models"]
+    lines = [
+        "# specjax bench",
+        "",
+        f"- device: {env['device']} ({env['backend']}), CPU: {env['cpu']} x{env['cpu_count']}",
+        f"- jax {env['jax']}, flax {env['flax']}, Python {env['python']}",
+        f"- specjax {env['specjax']} (commit {env['git_commit']})",
+    ]
+    for role, model in models.items():
+        lines.append(f"- {role}: {model['name']} ({model['parameters']:,} parameters, {model['dtype']})")
+    if results.get("machine"):
+        m = results["machine"]
+        lines.append(
+            f"- measured memory bandwidth {m['memory_bandwidth_bytes_per_second'] / 1e9:.1f} GB/s, "
+            f"matmul {m['matmul_flops_per_second'] / 1e9:.1f} GFLOP/s ({m['matmul_dtype']})"
+        )
+    for name, experiment in results["experiments"].items():
+        lines += ["", f"## {experiment['id']} {name}: {experiment['claim']}", ""]
+        lines += [f"- {key}: {_cell(value)}" for key, value in experiment["summary"].items()]
+        lines += ["", _table(experiment["rows"], SUMMARY_COLUMNS[name])]
+        if experiment.get("distribution_test"):
+            columns = ["rule", "p_value_token_1", "p_value_token_2", "tv_token_1", "tv_token_2", "passes"]
+            lines += ["", _table(experiment["distribution_test"], columns)]
+        if experiment.get("predictions"):
+            columns = ["batch_size", "predicted_speedup", "draft_time_share", "predicted_speculative_tokens_per_second"]
+            lines += [
+                "",
+                f"Predicted from {experiment['prediction_models']}:",
+                "",
+                _table(experiment["predictions"], columns),
+            ]
+        lines += ["", f"![{name}]({experiment['plot']})"]
+    return "\n".join(lines) + "\n"
+
+
+def write_results(results: dict, out_dir: Path) -> None:
+    """results.json, results.csv (every measured generation row), one CSV per experiment, summary.md."""
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    write_csv(results["rows"], out_dir / "results.csv", ROW_FIELDS)
+    for experiment in results["experiments"].values():
+        write_csv(experiment["rows"] or experiment.get("predictions", []), out_dir / experiment["csv"])
+    (out_dir / "summary.md").write_text(summary_markdown(results))

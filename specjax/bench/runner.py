@@ -1,0 +1,59 @@
+"""`run_bench`: a BenchConfig in, a results directory out."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from specjax.bench import plots
+from specjax.bench.config import EXPERIMENTS, BenchConfig
+from specjax.bench.context import BenchContext
+from specjax.bench.experiments import EXPERIMENT_FUNCTIONS
+from specjax.bench.report import DEFINITIONS, SCHEMA_VERSION, write_results
+from specjax.bench.timing import environment
+from specjax.configs import to_dict
+from specjax.model import Model
+
+
+def run_bench(
+    config: BenchConfig, out_dir: str | Path, target: Model | None = None, draft: Model | None = None, progress=True
+) -> dict:
+    """Run the config's experiments in order; write results.json, CSVs, plots and summary.md.
+
+    `target` / `draft` (Model objects from the Python API) replace the config's named
+    models. Returns the results dictionary that results.json holds.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ctx = BenchContext(config, target=target, draft=draft, progress=progress)
+    results = {
+        "schema_version": SCHEMA_VERSION,
+        "config": to_dict(config),
+        "environment": environment(),
+        "models": ctx.models(),
+        "definitions": DEFINITIONS,
+        "experiments": {},
+        "rows": [],
+    }
+    names = [name for name in EXPERIMENTS if name in config.experiments]
+    for name in tqdm(names, desc="experiments", disable=not progress):
+        experiment_id = EXPERIMENTS[name]
+        start = time.perf_counter()
+        experiment = EXPERIMENT_FUNCTIONS[name](ctx)
+        stem = f"{experiment_id.lower()}_{name}"
+        experiment.update(id=experiment_id, plot=f"{stem}.png", csv=f"{stem}.csv")
+        plots.PLOTS[name](experiment, out_dir / experiment["plot"], f"{experiment_id}: {name.replace('_', ' ')}")
+        experiment["seconds"] = time.perf_counter() - start
+        results["experiments"][name] = experiment
+        # Timed generation rows carry tokens_per_second; they also go to the run-wide table.
+        results["rows"] += [{"experiment": experiment_id, **r} for r in experiment["rows"] if "tokens_per_second" in r]
+    results["machine"] = ctx._machine
+    results["acceptance_profiles"] = {
+        f"temperature={t}": stats["accepted_per_position"]
+        for (k, t), stats in ctx._acceptance.items()
+        if k == config.max_k
+    }
+    write_results(results, out_dir)
+    return results

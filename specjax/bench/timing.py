@@ -1,0 +1,128 @@
+"""Clocks read the right way, and what the machine can do at best.
+
+Every timed call ends in `jax.block_until_ready` (dispatch is asynchronous, so a clock
+read without it measures the launch, not the work), the first call of each program is
+a warm-up that compiles, and configurations are timed round-robin so that a noisy
+neighbour slows all of them alike; medians are reported.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Seconds until everything `fn` returns is computed."""
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - start
+
+
+def interleaved(fns: dict, repeats: int, warmup: int, progress=None) -> dict[object, list[float]]:
+    """Time every callable `repeats` times, round-robin, after `warmup` untimed calls each."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            jax.block_until_ready(fn())
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            times[name].append(timed(fn))
+            if progress is not None:
+                progress.update(1)
+    return times
+
+
+def median(values) -> float:
+    return float(statistics.median(values))
+
+
+def _cpu_model() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def environment() -> dict:
+    """Where the numbers came from: versions, backend, device and CPU."""
+    import flax
+
+    import specjax
+
+    device = jax.devices()[0]
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "jax": jax.__version__,
+        "flax": flax.__version__,
+        "specjax": specjax.__version__,
+        "git_commit": _git_commit(),
+        "backend": jax.default_backend(),
+        "device": getattr(device, "device_kind", str(device)),
+        "device_count": jax.device_count(),
+        "cpu": _cpu_model(),
+        "cpu_count": _cpu_count(),
+    }
+
+
+def _cpu_count() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _scale(x):
+    return x * 1.0001
+
+
+def memory_bandwidth(megabytes: int, repeats: int = 5) -> float:
+    """Sustained bytes/s of a streaming read + write over an array far larger than caches.
+
+    x * c reads and writes every byte once; the buffer is donated so it is updated in
+    place instead of allocating a second array each call.
+    """
+    x = jnp.ones((megabytes * 2**20 // 4,), jnp.float32)
+    x = _scale(x)  # compile
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        x = jax.block_until_ready(_scale(x))
+        seconds.append(time.perf_counter() - start)
+    return 2 * x.nbytes / min(seconds)
+
+
+def matmul_flops(dtype: str, size: int | None = None, repeats: int = 5) -> float:
+    """Dense matrix-product FLOP/s at `dtype`, the compute ceiling of the roofline."""
+    size = size or (8192 if jax.default_backend() == "gpu" else 1024)
+    a = jnp.ones((size, size), dtype) * 0.5
+    product = jax.jit(lambda a: a @ a)
+    jax.block_until_ready(product(a))
+    best = min(timed(lambda: product(a)) for _ in range(repeats))
+    return 2 * size**3 / best

@@ -1,0 +1,194 @@
+"""`specjax bench`: the cost model's arithmetic, the metrics' accounting identities, and a
+whole bench run on tiny byte-level models (every file, every required field)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import jax
+import numpy as np
+import pytest
+from conftest import TARGET_CONFIG, noisy_copy, scaled_model
+
+import specjax
+from specjax.bench import EXPERIMENTS, BenchConfig, run_bench
+from specjax.bench.cost import (
+    expected_tokens_per_round,
+    forward_estimate,
+    geometric_tokens_per_round,
+    kv_cache_bytes,
+    matmul_parameters,
+)
+from specjax.bench.report import ROW_FIELDS
+from specjax.cli import main
+from specjax.configs import from_dict
+from specjax.tokenizer import ByteTokenizer
+
+BYTE_CONFIG = TARGET_CONFIG.replace(vocab_size=259)
+K_MAX = 3
+
+TINY_BENCH = {
+    "prompts": {"count": 2, "prompt_bytes": 12},
+    "max_new_tokens": 12,
+    "timing": {"repeats": 2, "cost_inner": 2, "tpot_target_ms": 1000.0},
+    "bandwidth_megabytes": 8,
+    "tokens_per_round": {"ks": [1, 2, K_MAX], "temperatures": [0.0, 1.0]},
+    "verify_cost": {"widths": [1, 2, 4], "batch_sizes": [1, 2], "context": 64},
+    "k_sweep": {"ks": [1, K_MAX]},
+    "batch_sweep": {"batch_sizes": [1, 4], "num_speculative_tokens": 2},
+    "context_sweep": {"contexts": [64, 128, 4096], "num_speculative_tokens": 2},
+    "waste": {"ks": [1, K_MAX]},
+    "sampling": {"ks": [2], "temperatures": [0.0, 1.0], "test_samples": 1500, "test_num_speculative_tokens": 2},
+}
+
+
+# --- The cost model's formulas -------------------------------------------------------------
+
+
+def test_geometric_tokens_per_round_matches_the_article():
+    # SEED.md: K = 5 gives 1.43, 2.38, 3.69, 5.30 tokens per round at a = 0.3, 0.6, 0.8, 0.95.
+    for alpha, expected in [(0.3, 1.43), (0.6, 2.38), (0.8, 3.69), (0.95, 5.30)]:
+        assert geometric_tokens_per_round(alpha, 5) == pytest.approx(expected, abs=0.005)
+    assert expected_tokens_per_round([0.8] * 5, 5) == pytest.approx(geometric_tokens_per_round(0.8, 5))
+    assert expected_tokens_per_round([1.0, 0.5, 0.0], 3) == pytest.approx(1 + 1 + 0.5)
+    with pytest.raises(ValueError, match="measured for K <= 2"):
+        expected_tokens_per_round([0.5, 0.5], 3)
+
+
+def test_kv_cache_bytes_is_the_size_of_the_real_cache():
+    for config in (BYTE_CONFIG, BYTE_CONFIG.replace(dtype="bfloat16", num_key_value_heads=4)):
+        cache = specjax.init_cache(config, 3, 80)
+        assert kv_cache_bytes(config, 3, 80) == cache.k.nbytes + cache.v.nbytes
+
+
+def test_weight_bytes_count_every_matrix_but_the_lookup_table():
+    untied = specjax.init_model(BYTE_CONFIG)
+    sizes = {name: sum(x.size for x in jax.tree.leaves(p)) for name, p in untied.params.items()}
+    assert matmul_parameters(untied) == untied.num_parameters - sizes["embed"]
+    tied = specjax.init_model(BYTE_CONFIG.replace(tie_word_embeddings=True))
+    assert matmul_parameters(tied) == tied.num_parameters  # the table is the LM head too
+    narrow, wide = forward_estimate(untied, 1, 1, 64), forward_estimate(untied, 1, 8, 64)
+    assert wide["bytes_moved"] == narrow["bytes_moved"]  # same weights and cache, more work
+    assert wide["arithmetic_intensity"] == pytest.approx(8 * narrow["arithmetic_intensity"])
+
+
+def test_bad_bench_configs_name_the_problem():
+    with pytest.raises(ValueError, match="unknown experiment 'e9'"):
+        from_dict(BenchConfig, {"experiments": ["e9"]})
+    with pytest.raises(ValueError, match=r"K\) must be >= 1"):
+        from_dict(BenchConfig, {"k_sweep": {"ks": [0, 2]}})
+    with pytest.raises(ValueError, match=r"unknown config key k_sweep\.k;"):
+        from_dict(BenchConfig, {"k_sweep": {"k": [2]}})
+
+
+# --- A whole bench run on tiny byte-level models --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    target = scaled_model(BYTE_CONFIG, seed=0)
+    target = specjax.Model(target.config, target.params, tokenizer=ByteTokenizer())
+    draft = noisy_copy(target, noise=0.4, seed=3)
+    out = tmp_path_factory.mktemp("bench")
+    results = run_bench(from_dict(BenchConfig, TINY_BENCH), out, target=target, draft=draft, progress=False)
+    return results, out
+
+
+def _experiment(bench, name):
+    return bench[0]["experiments"][name]
+
+
+def test_bench_writes_results_plots_and_tables(bench):
+    results, out = bench
+    assert set(results["experiments"]) == set(EXPERIMENTS)
+    for experiment in results["experiments"].values():
+        assert (out / experiment["plot"]).stat().st_size > 10_000  # a real PNG, not an empty figure
+        assert (out / experiment["csv"]).is_file()
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["schema_version"] == 1 and saved["environment"]["backend"] == "cpu"
+    assert {"tpot_ms", "mean_acceptance_length"} <= set(saved["definitions"])
+    with (out / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert rows and list(rows[0])[: len(ROW_FIELDS)] == ROW_FIELDS
+    assert all(row[field] != "" for row in rows for field in ROW_FIELDS)
+    summary = (out / "summary.md").read_text()
+    assert all(f"![{name}]" in summary for name in EXPERIMENTS)
+
+
+def test_measured_rows_are_consistent(bench):
+    rows = bench[0]["rows"]
+    for row in rows:
+        assert row["ttft_ms"] < row["latency_ms"]
+        assert row["tokens_per_second"] > 0 and row["tpot_ms"] > 0
+        if row["method"] == "plain":
+            assert row["speedup_vs_plain"] == 1.0 and row["target_forwards_per_token"] == pytest.approx(1.0, abs=0.1)
+        else:
+            assert row["output_matches_plain"], "greedy speculation must reproduce plain greedy decoding"
+            assert row["drafted_tokens"] == row["accepted_tokens"] + row["wasted_positions"]
+            if "draft_time_share" in row:  # E3 rows carry the cost model's breakdown
+                assert 0 < row["draft_time_share"] < 1
+    assert {r["batch_size"] for r in rows if r["experiment"] == "E4"} == {1, 4}
+
+
+def test_e1_per_position_product_reproduces_the_measured_round(bench):
+    for row in _experiment(bench, "tokens_per_round")["rows"]:
+        k = row["num_speculative_tokens"]
+        assert 1.0 <= row["measured_tokens_per_round"] <= k + 1
+        if k == 1:  # with one position the pooled alpha is the acceptance itself
+            assert row["predicted_geometric"] == pytest.approx(row["measured_tokens_per_round"])
+        if k == K_MAX:  # the profile was measured at K_max, so here it is an identity
+            assert row["predicted_per_position"] == pytest.approx(row["measured_tokens_per_round"])
+
+
+def test_e2_verify_cost_is_relative_to_width_one(bench):
+    rows = _experiment(bench, "verify_cost")["rows"]
+    assert [r["relative_cost"] for r in rows if r["width"] == 1] == [1.0, 1.0]
+    for batch in (1, 2):
+        intensity = [r["arithmetic_intensity"] for r in rows if r["batch_size"] == batch]
+        assert intensity == sorted(intensity)
+
+
+def test_e5_kv_bytes_grow_linearly_and_oversized_contexts_are_skipped(bench):
+    result = _experiment(bench, "context_sweep")
+    kv = {r["context"]: r["kv_cache_bytes"] for r in result["rows"]}
+    assert kv[128] == 2 * kv[64]
+    assert result["skipped_contexts"] == [4096]  # beyond max_position_embeddings
+
+
+def test_e6_every_verified_position_is_accounted_for(bench):
+    for row in _experiment(bench, "waste")["rows"]:
+        k = row["num_speculative_tokens"]
+        assert row["accepted_per_round"] + row["wasted_per_round"] == pytest.approx(k)
+        assert row["correction_per_round"] + row["bonus_per_round"] == pytest.approx(1.0)
+        assert sum(row["rounds_accepting"]) == row["rounds"]
+        # Kept = accepted + the one correction/bonus token, out of K + 1 verified positions.
+        assert row["kept_fraction_of_verified"] == pytest.approx((row["accepted_per_round"] + 1) / (k + 1))
+
+
+def test_e7_exact_sampling_passes_and_the_negative_control_fails(bench):
+    result = _experiment(bench, "sampling")
+    assert result["summary"]["exact_rule_passes"]
+    assert result["summary"]["negative_control_fails"]
+    exact, control = result["distribution_test"]
+    assert control["tv_token_1"] > exact["tv_token_1"]
+
+
+def test_bench_cli_with_a_random_weight_model_config(tmp_path, capsys):
+    model = {"vocab_size": 259, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    config = tmp_path / "bench.yaml"
+    config.write_text(json.dumps({"target": model, "draft": model, "experiments": ["waste", "verify_cost"]}))
+    overrides = ["--set", "waste.ks=[2]", "--set", "verify_cost.widths=[1,3]", "--set", "bandwidth_megabytes=8"]
+    assert main(["bench", "--config", str(config), "--out", str(tmp_path / "out"), "--no-progress", *overrides]) == 0
+    assert "E6 waste" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert saved["models"]["target"]["name"] == "random weights"
+    assert [r["width"] for r in saved["experiments"]["verify_cost"]["rows"]] == [1, 3]
+    assert np.isfinite(saved["machine"]["memory_bandwidth_bytes_per_second"])
+
+
+def test_bench_cli_rejects_a_misspelt_key(tmp_path, capsys):
+    config = tmp_path / "bench.yaml"
+    config.write_text("k_sweep: {kss: [1]}\n")
+    assert main(["bench", "--config", str(config), "--out", str(tmp_path / "out")]) == 2
+    assert "unknown config key k_sweep.kss" in capsys.readouterr().err
