@@ -148,13 +148,12 @@ class BenchConfig:
 
     @property
     def max_k(self) -> int:
-        """The largest K any experiment uses: acceptance profiles are measured at this K."""
-        return max(
-            [
-                *self.tokens_per_round.ks,
-                *self.k_sweep.ks,
-                *self.waste.ks,
-                self.batch_sweep.num_speculative_tokens,
-                self.context_sweep.num_speculative_tokens,
-            ]
-        )
+        """The largest K the chosen experiments use: acceptance profiles are measured at this K."""
+        ks = {
+            "tokens_per_round": self.tokens_per_round.ks,
+            "k_sweep": self.k_sweep.ks,
+            "batch_sweep": [self.batch_sweep.num_speculative_tokens],
+            "context_sweep": [self.context_sweep.num_speculative_tokens],
+            "waste": self.waste.ks,
+        }
+        return max([1, *(k for name in self.experiments for k in ks.get(name, []))])
