@@ -73,3 +73,19 @@ def test_new_k_is_a_new_program(target, noisy_draft, compiles):
     before = len(_generation_compiles(compiles))
     specjax.speculative_generate(target, noisy_draft, RAGGED_PROMPTS, num_speculative_tokens=4, max_new_tokens=8)
     assert len(_generation_compiles(compiles)) == before + 1
+
+
+def test_prepared_calls_time_one_program_for_every_token_budget(target, noisy_draft, compiles):
+    # The bench times latency with launch() and time-to-first-token with launch(1): both
+    # must run the program compiled once, or TTFT would include a compile.
+    for prepared in (
+        specjax.prepare_generate(target, RAGGED_PROMPTS, max_new_tokens=24),
+        specjax.prepare_speculative_generate(target, noisy_draft, RAGGED_PROMPTS, 3, max_new_tokens=24),
+    ):
+        full = prepared.run()
+        before = len(_generation_compiles(compiles))
+        assert [len(t) for t in prepared.run(1).tokens] == [1] * len(RAGGED_PROMPTS)
+        assert [t[:5] for t in prepared.run(5).tokens] == [t[:5] for t in full.tokens]
+        assert len(_generation_compiles(compiles)) == before
+    with pytest.raises(ValueError, match=r"max_new_tokens must lie in \[1, 24\]"):
+        prepared.launch(25)
