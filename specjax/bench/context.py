@@ -6,6 +6,8 @@ the acceptance that E1 measured, and each number in results.json is measured onc
 
 from __future__ import annotations
 
+import functools
+
 from tqdm.auto import tqdm
 
 from specjax.bench.config import BenchConfig, ModelSpec
@@ -60,7 +62,7 @@ class BenchContext:
     def separate_cost_models(self) -> bool:
         return self.cost_target is not self.target or self.cost_draft is not self.draft
 
-    @property
+    @functools.cached_property
     def context(self) -> int:
         """Cache slots of the pair's generations: the context the cost model times forwards at."""
         spec = RunSpec("speculative", 1, self.config.max_k)

@@ -8,6 +8,15 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
+
+_P_FLOOR = 1e-20
+
+
+def _integer_x(*axes) -> None:
+    """K and forward widths are integers: no 1.5 ticks."""
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _save(fig, path: Path) -> Path:
@@ -33,6 +42,7 @@ def tokens_per_round(result: dict, path: Path, title: str) -> Path:
         ax.plot(ks, [r["predicted_geometric"] for r in rows], "--", color=color, label="1+a+...+a^K (pooled a)")
         ax.plot(ks, [r["predicted_per_position"] for r in rows], ":", color=color, label="product of measured a_i")
     ax.set(xlabel="K (draft tokens per round)", ylabel="tokens per round", title=title)
+    _integer_x(ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return _save(fig, path)
@@ -54,6 +64,7 @@ def verify_cost(result: dict, path: Path, title: str) -> Path:
     ax2.axhline(balance, color="red", lw=0.8, ls="--", label=f"machine balance {balance:.0f} FLOP/B")
     ax2.set(xlabel="forward width w", ylabel="FLOPs per byte moved", title="arithmetic intensity (estimate)")
     ax2.set_yscale("log")
+    _integer_x(ax, ax2)
     for a in (ax, ax2):
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
@@ -70,6 +81,7 @@ def k_sweep(result: dict, path: Path, title: str) -> Path:
     ax.plot([best["best_k_measured"]], [best["best_speedup_measured"]], "r*", ms=14, label="measured optimum")
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set(xlabel="K (draft tokens per round)", ylabel="speedup vs plain decoding", title=title)
+    _integer_x(ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
@@ -164,6 +176,7 @@ def waste(result: dict, path: Path, title: str) -> Path:
         share = [h / r["rounds"] for h in histogram]
         ax2.plot(range(len(share)), share, "o-", color=f"C{i}", label=labels[i])
     ax2.set(xlabel="draft tokens accepted in the round", ylabel="share of rounds", title="acceptance per round")
+    _integer_x(ax2)
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=7)
     return _save(fig, path)
@@ -176,16 +189,22 @@ def sampling(result: dict, path: Path, title: str) -> Path:
         ks = [r["num_speculative_tokens"] for r in rows]
         ax.plot(ks, [r["mean_acceptance_length"] for r in rows], "o-", color=f"C{i}", label=f"T={temperature}")
     ax.set(xlabel="K", ylabel="mean acceptance length (tokens/round)", title=title)
+    _integer_x(ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     tests = result["distribution_test"]
     names = [t["rule"].replace(" (negative control)", "\n(negative control)") for t in tests]
     x = range(len(tests))
-    ax2.bar([i - 0.2 for i in x], [max(t["p_value_token_1"], 1e-300) for t in tests], 0.4, label="token 1")
-    ax2.bar([i + 0.2 for i in x], [max(t["p_value_token_2"], 1e-300) for t in tests], 0.4, label="token 2")
+    for offset, key, label in ((-0.2, "p_value_token_1", "token 1"), (0.2, "p_value_token_2", "token 2")):
+        # p-values below the floor are drawn at it (and labelled), or one bar would span 300 decades.
+        values = [max(t[key], _P_FLOOR) for t in tests]
+        ax2.bar([i + offset for i in x], values, 0.4, label=label)
+        for i, t in zip(x, tests, strict=True):
+            ax2.annotate(f"{t[key]:.1e}", (i + offset, values[i]), ha="center", va="bottom", fontsize=7)
     ax2.axhline(result["summary"]["p_value_threshold"], color="red", ls="--", lw=0.8, label="threshold")
     ax2.set_xticks(list(x), names, fontsize=8)
-    ax2.set(yscale="log", ylabel="chi-square p-value", title="distribution test vs exact target")
+    ax2.set(yscale="log", ylim=(_P_FLOOR / 10, 10), ylabel="chi-square p-value")
+    ax2.set_title("distribution test vs exact target")
     ax2.legend(fontsize=7)
     return _save(fig, path)
 
