@@ -58,10 +58,10 @@ def decode_step(config: ModelConfig, sampling: SamplingConfig, params, state: De
     )
 
 
-@functools.partial(jax.jit, static_argnames=("config", "sampling", "cache_length"))
-def _generate(params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, *, config, sampling, cache_length):
+def init_state(params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, config, cache_length) -> DecodeState:
+    """Prefill the cache and return the state before the first step."""
     batch = prompt.shape[0]
-    state = DecodeState(
+    return DecodeState(
         tokens=token_buffer(prompt, cache_length),
         lengths=prompt_lengths,
         prompt_lengths=prompt_lengths,
@@ -73,6 +73,11 @@ def _generate(params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng,
         row_rounds=jnp.zeros((batch,), jnp.int32),
         forwards=jnp.zeros((), jnp.int32),
     )
+
+
+@functools.partial(jax.jit, static_argnames=("config", "sampling", "cache_length"))
+def _generate(params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, *, config, sampling, cache_length):
+    state = init_state(params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, config, cache_length)
 
     def cond_fn(state):
         return ~jnp.all(state.done)

@@ -89,7 +89,8 @@ def _propose(plan: SpecPlan, draft_params, state: SpecState, key):
     return drafts, q, cache
 
 
-def _round(target_params, draft_params, state: SpecState) -> SpecState:
+def speculative_round(target_params, draft_params, state: SpecState) -> SpecState:
+    """One round as a pure function of the parameters and the loop state (the while-loop body)."""
     plan = state.plan
     k = plan.num_speculative_tokens
     rng, draft_key, accept_key = jax.random.split(state.rng, 3)
@@ -135,7 +136,7 @@ def _round(target_params, draft_params, state: SpecState) -> SpecState:
     )
 
 
-def _init_state(
+def init_state(
     target_params, draft_params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, plan, cache_length
 ):
     batch = prompt.shape[0]
@@ -156,15 +157,15 @@ def _init_state(
     )
 
 
-_jit_init_state = jax.jit(_init_state, static_argnames=("plan", "cache_length"))
-_jit_round = jax.jit(_round, donate_argnums=2)
+_jit_init_state = jax.jit(init_state, static_argnames=("plan", "cache_length"))
+_jit_round = jax.jit(speculative_round, donate_argnums=2)
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "cache_length"))
 def _generate(
     target_params, draft_params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, plan, cache_length
 ):
-    state = _init_state(
+    state = init_state(
         target_params,
         draft_params,
         prompt,
@@ -180,7 +181,7 @@ def _generate(
         return ~jnp.all(state.done)
 
     def body_fn(state):
-        return _round(target_params, draft_params, state)
+        return speculative_round(target_params, draft_params, state)
 
     return jax.lax.while_loop(cond_fn, body_fn, state)
 

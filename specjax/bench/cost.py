@@ -17,8 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.bench.timing import median, timed
+from specjax.decode import DecodeState, decode_step
+from specjax.decode import init_state as decode_init
 from specjax.model import Model
 from specjax.models import ModelConfig, forward, init_cache
+from specjax.sampling import SamplingConfig, greedy_rule
+from specjax.speculative import SpecPlan, SpecState, speculative_round
+from specjax.speculative import init_state as spec_init
 
 # Tables read by gathering a few rows, not streamed whole through a matrix product.
 _LOOKUP_TABLES = ("embed", "position_embed")
@@ -83,12 +88,64 @@ def _forwards(config: ModelConfig, params, tokens, cache, positions, inner: int)
     return jax.lax.fori_loop(0, inner, body_fn, (cache, jnp.zeros(tokens.shape[0], jnp.float32)))
 
 
+@functools.partial(jax.jit, static_argnames=("config", "inner"), donate_argnums=1)
+def _decode_steps(params, state: DecodeState, config: ModelConfig, inner: int):
+    def body_fn(_, s):
+        # Rewind after each step: the same slots are rewritten, so any number of steps fits the cache.
+        return decode_step(config, _GREEDY, params, s).replace(lengths=state.lengths, done=state.done)
+
+    return jax.lax.fori_loop(0, inner, body_fn, state)
+
+
+@functools.partial(jax.jit, static_argnames=("inner",), donate_argnums=2)
+def _rounds(target_params, draft_params, state: SpecState, inner: int):
+    def body_fn(_, s):
+        return speculative_round(target_params, draft_params, s).replace(lengths=state.lengths, done=state.done)
+
+    return jax.lax.fori_loop(0, inner, body_fn, state)
+
+
+_GREEDY = SamplingConfig(0.0)
+
+
 class CostTable:
-    """Measured seconds per forward, keyed by (model, batch, width, context), memoised."""
+    """Measured seconds per forward or per loop iteration, memoised by shape."""
 
     def __init__(self, inner: int, repeats: int):
         self.inner, self.repeats = inner, repeats
         self._seconds: dict[tuple, float] = {}
+
+    def iteration_seconds(self, target: Model, draft: Model | None, batch: int, k: int, context: int) -> float:
+        """One iteration of the generation loop exactly as it runs: a plain decode step
+        (draft None) or a speculative round of K. Everything counts (draft steps, verify,
+        acceptance, commit, per-op dispatch), and nothing depends on acceptance: shapes
+        are static, so a round costs the same whether it accepts 0 or K drafts."""
+        key = ("iteration", id(target.params), id(draft.params) if draft else None, batch, k, context)
+        if key not in self._seconds:
+            self._seconds[key] = self._measure_iteration(target, draft, batch, k, context)
+        return self._seconds[key]
+
+    def _measure_iteration(self, target: Model, draft: Model | None, batch: int, k: int, context: int) -> float:
+        prompt_length = context // 2  # the middle of the cache: the mask reads every slot anyway
+        prompt = jnp.ones((batch, prompt_length), jnp.int32)
+        lengths = jnp.full((batch,), prompt_length, jnp.int32)
+        args = (prompt, lengths, jnp.int32(context), jnp.int32(-1), jax.random.key(0))
+        if draft is None:
+            state = jax.jit(decode_init, static_argnums=(6, 7))(target.params, *args, target.config, context)
+        else:
+            plan = SpecPlan(target.config, draft.config, k, _GREEDY, greedy_rule)
+            state = jax.jit(spec_init, static_argnums=(7, 8))(target.params, draft.params, *args, plan, context)
+
+        def call():
+            nonlocal state
+            if draft is None:
+                state = _decode_steps(target.params, state, target.config, self.inner)
+            else:
+                state = _rounds(target.params, draft.params, state, self.inner)
+            return state.tokens
+
+        jax.block_until_ready(call())  # compile
+        return median([timed(call) for _ in range(self.repeats)]) / self.inner
 
     def seconds(self, model: Model, batch: int, width: int, context: int) -> float:
         key = (id(model.params), model.config, batch, width, context)
@@ -126,23 +183,25 @@ def geometric_tokens_per_round(alpha: float, k: int) -> float:
 
 
 def round_seconds(costs: CostTable, target: Model, draft: Model, batch: int, k: int, context: int) -> dict:
-    """Component times of one speculative round and of one plain step, from measured forwards.
+    """What one speculative round and one plain step cost, two ways.
 
-    The draft runs a width-2 catch-up then K - 1 width-1 steps (see speculative._propose);
-    the target verifies K + 1 positions. Sampling and bookkeeping are not counted here,
-    which is why measured rounds run a little slower than this sum.
+    From forwards alone: the draft runs a width-2 catch-up then K - 1 width-1 steps (see
+    speculative._propose) and the target verifies K + 1 positions; this gives the draft's
+    share of the round. As executed: whole loop iterations (`iteration_seconds`), which
+    add sampling, acceptance, commit and dispatch; predictions use these.
     """
     draft_seconds = costs.seconds(draft, batch, 2, context) + (k - 1) * costs.seconds(draft, batch, 1, context)
     verify_seconds = costs.seconds(target, batch, k + 1, context)
     return {
-        "plain_step_seconds": costs.seconds(target, batch, 1, context),
-        "draft_seconds": draft_seconds,
-        "verify_seconds": verify_seconds,
-        "round_seconds": draft_seconds + verify_seconds,
+        "plain_step_seconds": costs.iteration_seconds(target, None, batch, 0, context),
+        "round_seconds": costs.iteration_seconds(target, draft, batch, k, context),
+        "plain_forward_seconds": costs.seconds(target, batch, 1, context),
+        "draft_forward_seconds": draft_seconds,
+        "verify_forward_seconds": verify_seconds,
         "draft_share": draft_seconds / (draft_seconds + verify_seconds),
     }
 
 
 def predicted_speedup(tokens_per_round: float, components: dict) -> float:
-    """Tokens per round times (plain step time / round time)."""
+    """Tokens per round times (plain step time / round time), both measured as executed."""
     return tokens_per_round * components["plain_step_seconds"] / components["round_seconds"]

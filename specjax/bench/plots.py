@@ -140,9 +140,9 @@ def context_sweep(result: dict, path: Path, title: str) -> Path:
     rows = result["rows"]
     contexts = [r["context"] for r in rows]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    ax.plot(contexts, [1e3 * r["decode_seconds"] for r in rows], "o-", label="decode step (width 1)")
-    ax.plot(contexts, [1e3 * r["verify_seconds"] for r in rows], "s-", label="verify (width K+1)")
-    ax.plot(contexts, [1e3 * r["round_seconds"] for r in rows], "^-", label="speculative round (draft + verify)")
+    ax.plot(contexts, [1e3 * r["decode_seconds"] for r in rows], "o-", label="plain decode step")
+    ax.plot(contexts, [1e3 * r["verify_seconds"] for r in rows], "s-", label="verify forward (width K+1)")
+    ax.plot(contexts, [1e3 * r["round_seconds"] for r in rows], "^-", label="speculative round (draft, verify, accept)")
     ax.set(xlabel="context (cache slots)", ylabel="ms per forward", title=title)
     ax2.plot(contexts, [r["kv_cache_bytes"] / 2**20 for r in rows], "o-", label="KV cache read per step")
     ax2.plot(contexts, [r["weight_bytes"] / 2**20 for r in rows], "--", label="weights read per step")

@@ -25,10 +25,12 @@ DEFINITIONS = {
     "wasted_positions": "verified draft positions after the first rejection = drafted - accepted",
     "draft_time_share": "draft time / round time, from measured forward costs (cost model)",
     "ms_per_iteration": "(latency - TTFT) / (target forwards per request - 1): one plain step or one speculative round",
-    "unmodelled_ms_per_iteration": "ms_per_iteration minus the forward times the cost model counts (sampling, "
-    "acceptance, commit and per-op dispatch): why measured speedups fall short of predicted ones",
-    "predicted_speedup": "cost model: expected tokens per round (measured per-position acceptance) x plain step "
-    "time / (draft time + verify time at width K+1), forward times measured in this run",
+    "cost_round_seconds": "cost model: one speculative round timed in isolation (a loop of rounds at the "
+    "generation's cache length; static shapes make it independent of acceptance)",
+    "non_forward_ms_per_iteration": "ms_per_iteration minus the model forwards in it: draft sampling, acceptance, "
+    "commit and per-op dispatch",
+    "predicted_speedup": "cost model: expected tokens per round (from the per-position acceptance measured at the "
+    "largest K) x plain step time / round time, both loop iterations timed in isolation in this run",
     "output_matches_plain": "greedy only: speculative tokens equal plain greedy tokens for every prompt",
 }
 
@@ -66,7 +68,8 @@ SUMMARY_COLUMNS = {
         "predicted_speedup",
         "draft_time_share",
         "ms_per_iteration",
-        "unmodelled_ms_per_iteration",
+        "cost_round_seconds",
+        "non_forward_ms_per_iteration",
     ],
     "batch_sweep": ["method", "batch_size", "tokens_per_second", "tpot_ms", "speedup_vs_plain", "predicted_speedup"],
     "context_sweep": ["context", "decode_seconds", "verify_seconds", "kv_cache_bytes", "weight_bytes"],
