@@ -14,6 +14,7 @@ from conftest import TARGET_CONFIG, noisy_copy, scaled_model
 import specjax
 from specjax.bench import EXPERIMENTS, BenchConfig, run_bench
 from specjax.bench.cost import (
+    batch_tokens_per_round,
     expected_tokens_per_round,
     forward_estimate,
     geometric_tokens_per_round,
@@ -54,6 +55,16 @@ def test_geometric_tokens_per_round_matches_the_article():
     assert expected_tokens_per_round([1.0, 0.5, 0.0], 3) == pytest.approx(1 + 1 + 0.5)
     with pytest.raises(ValueError, match="measured for K <= 2"):
         expected_tokens_per_round([0.5, 0.5], 3)
+
+
+def test_batched_rounds_wait_for_the_slowest_row():
+    assert batch_tokens_per_round([1.0] * 4, 4, 100, batch=8) == pytest.approx(100 / 20)  # 5 tokens, 20 rounds
+    assert batch_tokens_per_round([0.0] * 4, 4, 100, batch=8) == 1.0
+    per_row = [batch_tokens_per_round([0.8] * 4, 4, 128, batch=b) for b in (1, 4, 64)]
+    assert per_row == sorted(per_row, reverse=True)  # more rows, slower straggler
+    # One row with a long budget approaches the unbatched expectation 1 + a + ... + a^K.
+    long_budget = batch_tokens_per_round([0.8] * 4, 4, 4000, batch=1)
+    assert long_budget == pytest.approx(geometric_tokens_per_round(0.8, 4), rel=0.02)
 
 
 def test_kv_cache_bytes_is_the_size_of_the_real_cache():

@@ -177,6 +177,24 @@ def expected_tokens_per_round(per_position: Sequence[float], k: int) -> float:
     return 1.0 + float(np.sum(np.cumprod(per_position[:k])))
 
 
+def batch_tokens_per_round(
+    per_position: Sequence[float], k: int, max_new_tokens: int, batch: int, samples: int = 400, seed: int = 0
+) -> float:
+    """Tokens per row per loop round when a batch of rows runs until its slowest row is done.
+
+    Rows accept independently (per-position acceptance a_i), but one batched loop runs
+    until every row has `max_new_tokens`: simulated, E[max over rows of rounds needed].
+    This also counts the last round's tokens that overshoot the budget and are cut.
+    """
+    reach = np.concatenate([[1.0], np.cumprod(per_position[:k])])  # P(at least i drafts accepted)
+    pmf = np.append(reach[:-1] - reach[1:], reach[-1])  # P(exactly n accepted), n = 0..K
+    rng = np.random.default_rng(seed)
+    # Each round yields n + 1 tokens >= 1, so max_new_tokens rounds always suffice.
+    tokens = rng.choice(k + 1, size=(samples, batch, max_new_tokens), p=pmf / pmf.sum()).astype(np.int32) + 1
+    rounds_needed = np.argmax(np.cumsum(tokens, axis=-1) >= max_new_tokens, axis=-1) + 1  # [samples, batch]
+    return max_new_tokens / float(np.mean(rounds_needed.max(axis=1)))
+
+
 def geometric_tokens_per_round(alpha: float, k: int) -> float:
     """1 + a + ... + a^K: the i.i.d. acceptance model of Leviathan et al."""
     return float(sum(alpha**i for i in range(k + 1)))

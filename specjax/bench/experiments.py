@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from specjax.bench.context import BenchContext
 from specjax.bench.cost import (
+    batch_tokens_per_round,
     expected_tokens_per_round,
     forward_estimate,
     geometric_tokens_per_round,
@@ -93,7 +94,8 @@ def verify_cost(ctx: BenchContext) -> dict:
 
 def _predict(ctx: BenchContext, k: int, batch: int, temperature: float, target, draft, context: int) -> dict:
     components = round_seconds(ctx.costs, target, draft, batch, k, context)
-    tokens = expected_tokens_per_round(ctx.profile(temperature), k)
+    # Per row and round, with the batch's stragglers and the cut last round counted.
+    tokens = batch_tokens_per_round(ctx.profile(temperature), k, ctx.config.max_new_tokens, batch)
     return {
         "predicted_tokens_per_round": tokens,
         "predicted_speedup": predicted_speedup(tokens, components),
