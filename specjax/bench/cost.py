@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.bench.timing import median, timed
+from specjax.bench.timing import interleaved, median, timed
 from specjax.decode import DecodeState, decode_step
 from specjax.decode import init_state as decode_init
 from specjax.model import Model
@@ -108,6 +108,10 @@ def _rounds(target_params, draft_params, state: SpecState, inner: int):
 _GREEDY = SamplingConfig(0.0)
 
 
+def _iteration_key(target: Model, draft: Model | None, batch: int, k: int, context: int) -> tuple:
+    return ("iteration", id(target.params), id(draft.params) if draft else None, batch, k, context)
+
+
 class CostTable:
     """Measured seconds per forward or per loop iteration, memoised by shape."""
 
@@ -120,12 +124,23 @@ class CostTable:
         (draft None) or a speculative round of K. Everything counts (draft steps, verify,
         acceptance, commit, per-op dispatch), and nothing depends on acceptance: shapes
         are static, so a round costs the same whether it accepts 0 or K drafts."""
-        key = ("iteration", id(target.params), id(draft.params) if draft else None, batch, k, context)
+        key = _iteration_key(target, draft, batch, k, context)
         if key not in self._seconds:
-            self._seconds[key] = self._measure_iteration(target, draft, batch, k, context)
+            self.measure_iterations([(target, draft, batch, k, context)])
         return self._seconds[key]
 
-    def _measure_iteration(self, target: Model, draft: Model | None, batch: int, k: int, context: int) -> float:
+    def measure_iterations(self, shapes: list[tuple]) -> None:
+        """Time many (target, draft | None, batch, K, context) iterations round-robin.
+
+        A shared machine drifts over minutes; timing the configurations of one experiment
+        in turn, as the end-to-end runs are, keeps their ratios honest.
+        """
+        calls = {_iteration_key(*shape): self._iteration_call(*shape) for shape in shapes}
+        calls = {key: call for key, call in calls.items() if key not in self._seconds}
+        times = interleaved(calls, self.repeats, warmup=1)
+        self._seconds.update({key: median(t) / self.inner for key, t in times.items()})
+
+    def _iteration_call(self, target: Model, draft: Model | None, batch: int, k: int, context: int):
         prompt_length = context // 2  # the middle of the cache: the mask reads every slot anyway
         prompt = jnp.ones((batch, prompt_length), jnp.int32)
         lengths = jnp.full((batch,), prompt_length, jnp.int32)
@@ -144,8 +159,7 @@ class CostTable:
                 state = _rounds(target.params, draft.params, state, self.inner)
             return state.tokens
 
-        jax.block_until_ready(call())  # compile
-        return median([timed(call) for _ in range(self.repeats)]) / self.inner
+        return call
 
     def seconds(self, model: Model, batch: int, width: int, context: int) -> float:
         key = (id(model.params), model.config, batch, width, context)

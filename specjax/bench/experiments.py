@@ -120,6 +120,8 @@ def k_sweep(ctx: BenchContext) -> dict:
     cfg = ctx.config.k_sweep
     specs = [RunSpec("speculative", cfg.batch_size, k, cfg.temperature) for k in cfg.ks]
     rows = ctx.measure(specs, "E3 K sweep")
+    shapes = [(ctx.target, None, cfg.batch_size, 0, ctx.context)]
+    ctx.costs.measure_iterations(shapes + [(ctx.target, ctx.draft, cfg.batch_size, k, ctx.context) for k in cfg.ks])
     for row in rows:
         if row["method"] == "speculative":
             k = row["num_speculative_tokens"]
@@ -147,6 +149,8 @@ def batch_sweep(ctx: BenchContext) -> dict:
     if cfg.end_to_end:
         specs = [RunSpec("speculative", b, k, temperature) for b in cfg.batch_sizes]
         rows = ctx.measure(specs, "E4 batch sweep")
+    loops = ((None, 0), (ctx.cost_draft, k))  # plain steps and rounds of K
+    ctx.costs.measure_iterations([(ctx.cost_target, d, b, n, ctx.context) for b in cfg.batch_sizes for d, n in loops])
     predictions = []
     for batch in cfg.batch_sizes:
         p = _predict(ctx, k, batch, temperature, ctx.cost_target, ctx.cost_draft, ctx.context)
@@ -185,8 +189,11 @@ def context_sweep(ctx: BenchContext) -> dict:
     cfg = ctx.config.context_sweep
     target, draft, k, batch = ctx.cost_target, ctx.cost_draft, cfg.num_speculative_tokens, cfg.batch_size
     limit = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
+    contexts = [c for c in cfg.contexts if c <= limit]
+    loops = ((None, 0), (draft, k))
+    ctx.costs.measure_iterations([(target, d, batch, n, c) for c in contexts for d, n in loops])
     rows = []
-    for context in [c for c in cfg.contexts if c <= limit]:
+    for context in contexts:
         estimate = forward_estimate(target, batch, 1, context)
         p = _predict(ctx, k, batch, 0.0, target, draft, context)
         rows.append(
