@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from specjax.model import Model, _check_token_ids
@@ -22,6 +24,11 @@ class PromptBatch:
     @property
     def batch_size(self) -> int:
         return self.tokens.shape[0]
+
+    def loop_inputs(self, eos_token_id: int | None, seed: int) -> tuple:
+        """Device arrays every generation loop starts from: (prompt, lengths, eos id or -1, rng key)."""
+        eos = jnp.int32(-1 if eos_token_id is None else eos_token_id)
+        return jnp.asarray(self.tokens), jnp.asarray(self.lengths), eos, jax.random.key(seed)
 
 
 def _bucket(n: int) -> int:

@@ -104,8 +104,7 @@ def prepare_generate(
     """
     sampling = SamplingConfig(temperature, top_k, top_p)
     batch = prepare_prompts(model, prompts, max_new_tokens, headroom=0)
-    prompt, prompt_lengths = jnp.asarray(batch.tokens), jnp.asarray(batch.lengths)
-    eos, rng = jnp.int32(-1 if eos_token_id is None else eos_token_id), jax.random.key(seed)
+    prompt, prompt_lengths, eos, rng = batch.loop_inputs(eos_token_id, seed)
 
     def launch(n: int) -> DecodeState:
         return _generate(

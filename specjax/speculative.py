@@ -231,14 +231,15 @@ def init_speculative_state(
     batch, plan = _prepare(
         target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule
     )
+    prompt, prompt_lengths, eos, rng = batch.loop_inputs(eos_token_id, seed)
     return _jit_init_state(
         target.params,
         draft.params,
-        jnp.asarray(batch.tokens),
-        jnp.asarray(batch.lengths),
+        prompt,
+        prompt_lengths,
         jnp.int32(max_new_tokens),
-        jnp.int32(-1 if eos_token_id is None else eos_token_id),
-        jax.random.key(seed),
+        eos,
+        rng,
         plan=plan,
         cache_length=batch.cache_length,
     )
@@ -281,8 +282,7 @@ def prepare_speculative_generate(
     batch, plan = _prepare(
         target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule
     )
-    prompt, prompt_lengths = jnp.asarray(batch.tokens), jnp.asarray(batch.lengths)
-    eos, rng = jnp.int32(-1 if eos_token_id is None else eos_token_id), jax.random.key(seed)
+    prompt, prompt_lengths, eos, rng = batch.loop_inputs(eos_token_id, seed)
 
     def launch(n: int) -> SpecState:
         return _generate(

@@ -78,6 +78,16 @@ class BenchContext:
         """Per-position acceptance a_1..a_Kmax, measured once at the largest K of the config."""
         return self.acceptance(self.config.max_k, temperature)["accepted_per_position"]
 
+    def acceptance_profiles(self) -> dict[str, list[float]]:
+        """The per-position profiles measured so far (at the largest K), by temperature."""
+        k_max = self.config.max_k
+        return {f"temperature={t}": s["accepted_per_position"] for (k, t), s in self._acceptance.items() if k == k_max}
+
+    @property
+    def measured_machine(self) -> dict | None:
+        """The roofline ceilings if an experiment needed them, else None (nothing is measured twice)."""
+        return self._machine
+
     def machine(self) -> dict:
         """The roofline's two ceilings, measured on this device."""
         if self._machine is None:

@@ -49,11 +49,7 @@ def run_bench(
         results["experiments"][name] = experiment
         # Timed generation rows carry tokens_per_second; they also go to the run-wide table.
         results["rows"] += [{"experiment": experiment_id, **r} for r in experiment["rows"] if "tokens_per_second" in r]
-        results["machine"] = ctx._machine
-        results["acceptance_profiles"] = {
-            f"temperature={t}": stats["accepted_per_position"]
-            for (k, t), stats in ctx._acceptance.items()
-            if k == config.max_k
-        }
+        results["machine"] = ctx.measured_machine
+        results["acceptance_profiles"] = ctx.acceptance_profiles()
         write_results(results, out_dir)  # after every experiment: an interrupted run keeps what it finished
     return results
