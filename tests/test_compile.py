@@ -24,6 +24,9 @@ class _CompileLog(logging.Handler):
 
 @pytest.fixture
 def compiles():
+    # Start from empty jit caches, so "the first call compiles once" holds whichever test
+    # file compiled the same program earlier in the session.
+    jax.clear_caches()
     handler = _CompileLog()
     logger = logging.getLogger("jax")
     logger.addHandler(handler)
