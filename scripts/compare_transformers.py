@@ -36,8 +36,9 @@ import transformers
 from transformers import AutoModelForCausalLM
 
 import specjax
-from specjax.data import held_out_prompts
-from specjax.presets import embedded_path, resolve_model
+from specjax.io.embedded import embedded_path
+from specjax.io.presets import resolve_model
+from specjax.training.data import held_out_prompts
 
 
 def _cpu_model() -> str:

@@ -16,9 +16,9 @@ from pathlib import Path
 import jax
 
 import specjax
-from specjax.data import held_out_prompts
-from specjax.presets import resolve_model
-from specjax.train import evaluate
+from specjax.io.presets import resolve_model
+from specjax.training.data import held_out_prompts
+from specjax.training.train import evaluate
 
 
 def main() -> None:

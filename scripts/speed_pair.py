@@ -21,7 +21,7 @@ from pathlib import Path
 import jax
 
 import specjax
-from specjax.presets import resolve_model
+from specjax.io.presets import resolve_model
 
 
 def _timed(fn) -> float:

@@ -1,18 +1,21 @@
-"""specjax: speculative decoding you can measure."""
+"""specjax: speculative decoding you can measure.
 
-from specjax.decode import DecodeState, generate, prepare_generate
-from specjax.hf import load_model, save_model
-from specjax.model import Model, init_model, logits
-from specjax.models import KVCache, ModelConfig, init_cache
-from specjax.output import GenerationOutput, GenerationStats, PreparedGeneration
-from specjax.sampling import (
-    AcceptanceRule,
-    SamplingConfig,
-    greedy_rule,
-    probabilities,
-    rejection_sampling_rule,
-)
-from specjax.speculative import (
+The tree shows the architecture:
+    engine/     what runs inside one jit: prompts, the shared loop pieces, plain decoding,
+                the speculative round, sampling, acceptance rules, outputs
+    drafters/   one file per way of proposing tokens, behind one interface (base.py)
+    io/         models in and out: Model, Hugging Face directories, tokenizer, presets
+    training/   everything that updates params: data, training, distillation, runs
+    bench/      `specjax bench`: experiments, timing, cost model, reports
+    models/     the model definitions (specjax.models), pure (params, tokens, positions, cache)
+"""
+
+from specjax.drafters import DraftContext, Drafter, DraftModel, Fallback, LayerSkip, PromptLookup, Proposal
+from specjax.engine.acceptance import AcceptanceRule, greedy_rule, rejection_sampling_rule
+from specjax.engine.decode import DecodeState, generate, prepare_generate
+from specjax.engine.output import GenerationOutput, GenerationStats, PreparedGeneration
+from specjax.engine.sampling import SamplingConfig, probabilities
+from specjax.engine.speculative import (
     SpecPlan,
     SpecState,
     init_speculative_state,
@@ -21,18 +24,28 @@ from specjax.speculative import (
     speculative_step,
     state_output,
 )
+from specjax.io.hf import load_model, save_model
+from specjax.io.model import Model, init_model, logits
+from specjax.models import KVCache, ModelConfig, init_cache
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AcceptanceRule",
     "DecodeState",
+    "DraftContext",
+    "DraftModel",
+    "Drafter",
+    "Fallback",
     "GenerationOutput",
     "GenerationStats",
     "KVCache",
+    "LayerSkip",
     "Model",
     "ModelConfig",
     "PreparedGeneration",
+    "PromptLookup",
+    "Proposal",
     "SamplingConfig",
     "SpecPlan",
     "SpecState",

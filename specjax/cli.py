@@ -8,10 +8,13 @@ import sys
 import time
 
 import jax
+import yaml
 
-from specjax.decode import generate
-from specjax.presets import RANDOM_PRESETS, default_pair, embedded_names, resolve_model
-from specjax.speculative import speculative_generate
+from specjax.drafters import make_drafter
+from specjax.engine.decode import generate
+from specjax.engine.speculative import speculative_generate
+from specjax.io.embedded import default_pair, embedded_names
+from specjax.io.presets import RANDOM_PRESETS, resolve_model
 
 _DESCRIPTION = """\
 specjax: speculative decoding you can measure.
@@ -26,6 +29,8 @@ _EPILOG = """\
 examples:
   specjax generate --prompt "def parse_args(" -k 4
   specjax generate --prompt "import os" --plain --max-new-tokens 32
+  specjax generate --prompt "def parse_args(" --drafter prompt-lookup -k 6
+  specjax generate --prompt "def parse_args(" --drafter layer-skip:2
   specjax generate --prompt "x" --prompt "class Foo:" --temperature 1.0 --seed 3 --json
   specjax train --config configs/train_target.yaml --out runs/target
   specjax distill --config configs/distill_quick.yaml --out runs/distill_quick
@@ -55,6 +60,13 @@ def _add_generate(subparsers) -> None:
     p.add_argument("--prompt", action="append", help="prompt text; repeat for a batch ('def ' if none is given)")
     p.add_argument("--target", default=default_target, help=f"target model: {names}")
     p.add_argument("--draft", default=default_draft, help=f"draft model: {names}")
+    p.add_argument(
+        "--drafter",
+        default=None,
+        help="how to draft, overriding --draft: prompt-lookup, layer-skip (half the target's layers), "
+        "layer-skip:N, a model name like --draft, or a YAML mapping such as "
+        "'{kind: prompt_lookup, max_ngram: 2}' or '{kind: fallback, first: prompt-lookup, then: stdlib-draft}'",
+    )
     p.add_argument("--plain", action="store_true", help="plain decoding with the target only (the baseline)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=4, help="draft tokens per round (K)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt")
@@ -78,7 +90,7 @@ def _generate(args) -> int:
     eos = None if args.ignore_eos else args.eos_token_id or getattr(tokenizer, "eos_token_id", None)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     common = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, eos_token_id=eos, **sampling)
-    draft = None if args.plain else resolve_model(args.draft, seed=args.seed + 1)
+    draft = None if args.plain else _drafter(args, target)
 
     def run():
         if draft is None:
@@ -111,10 +123,24 @@ def _generate(args) -> int:
         per_pos = " ".join(f"{a:.2f}" for a in s.accepted_per_position)
         print(f"acceptance rate {s.acceptance_rate:.3f}, mean acceptance length {s.mean_acceptance_length:.2f}")
         print(f"per-position acceptance [{per_pos}]")
+        extra = ", ".join(f"{k} {v}" for k, v in s.drafter.items() if k != "kind")
+        print(f"drafter {s.drafter.get('kind')}" + (f": {extra}" if extra else ""))
     compile_note = "including compilation" if not args.warmup else "after warm-up"
     rate = timing["tokens_per_second"]
     print(f"{seconds:.3f} s ({compile_note}), {rate:.1f} tokens/s on {jax.default_backend()}")
     return 0
+
+
+def _drafter(args, target):
+    def load(name: str):
+        return resolve_model(name, seed=args.seed + 1)
+
+    if args.drafter is None:
+        return make_drafter(args.draft, load, target.config)
+    spec = args.drafter
+    if spec.lstrip().startswith("{"):
+        spec = yaml.safe_load(spec)
+    return make_drafter(spec, load, target.config)
 
 
 def _add_run_arguments(p, config_help: str) -> None:
@@ -140,14 +166,14 @@ def _add_train(subparsers) -> None:
 
 def _train(args) -> int:
     from specjax.configs import load_config
-    from specjax.train import TrainConfig, evaluate, train
+    from specjax.training.train import TrainConfig, evaluate, train
 
     config = load_config(TrainConfig, args.config, args.set)
     print(f"training {config.model.num_parameters:,} parameters for {config.steps} steps into {args.out}")
     model = train(config, args.out, progress=not args.no_progress)
     print("validation bits/byte:", json.dumps(evaluate(model)))
     if args.export:
-        from specjax.hf import save_model
+        from specjax.io.hf import save_model
 
         save_model(model, args.export)
         print(f"exported to {args.export}")
@@ -169,8 +195,8 @@ def _add_distill(subparsers) -> None:
 
 def _distill(args) -> int:
     from specjax.configs import load_config
-    from specjax.distill import DistillConfig, distill
-    from specjax.distill_compare import CompareConfig, compare, is_comparison
+    from specjax.training.distill import DistillConfig, distill
+    from specjax.training.distill_compare import CompareConfig, compare, is_comparison
 
     if is_comparison(args.config):
         config = load_config(CompareConfig, args.config, args.set)

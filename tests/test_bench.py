@@ -24,7 +24,7 @@ from specjax.bench.cost import (
 from specjax.bench.report import ROW_FIELDS
 from specjax.cli import main
 from specjax.configs import from_dict
-from specjax.tokenizer import ByteTokenizer
+from specjax.io.tokenizer import ByteTokenizer
 
 BYTE_CONFIG = TARGET_CONFIG.replace(vocab_size=259)
 K_MAX = 3

@@ -51,7 +51,7 @@ def test_console_script_entry_point():
 
 def test_text_in_text_out():
     import specjax
-    from specjax.presets import resolve_model
+    from specjax.io.presets import resolve_model
 
     target, draft = resolve_model("random-target"), resolve_model("random-draft", seed=1)
     out = specjax.speculative_generate(target, draft, ["def f(", "import"], num_speculative_tokens=2, max_new_tokens=5)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from specjax.configs import apply_overrides, load_config
-from specjax.train import TrainConfig
+from specjax.training.train import TrainConfig
 
 
 def test_load_with_overrides(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specjax import data
+from specjax.training import data
 
 
 @pytest.mark.parametrize("domain", data.DOMAINS)

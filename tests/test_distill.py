@@ -12,8 +12,8 @@ from conftest import TARGET_CONFIG, kill_after_checkpoint, noisy_copy, scaled_mo
 
 import specjax
 from specjax.configs import dump_config, load_config
-from specjax.distill import DistillConfig, distill, distillation_batch
-from specjax.tokenizer import ByteTokenizer
+from specjax.io.tokenizer import ByteTokenizer
+from specjax.training.distill import DistillConfig, distill, distillation_batch
 
 # The test target's shape with the byte vocabulary, so text prompts from the corpus work.
 BYTES = TARGET_CONFIG.replace(vocab_size=259, num_attention_heads=2, num_key_value_heads=1)
@@ -122,7 +122,7 @@ def test_config_errors(pair_dirs):
 
 def test_comparison_writes_table_and_plot(pair_dirs, tmp_path):
     from specjax.configs import to_dict
-    from specjax.distill_compare import CompareConfig, Variant, compare
+    from specjax.training.distill_compare import CompareConfig, Variant, compare
 
     base = _config(pair_dirs, "steps=4", "eval.every=2", "eval.max_new_tokens=8")
     config = CompareConfig(

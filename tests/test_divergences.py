@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.divergences import get_divergence
+from specjax.training.divergences import get_divergence
 
 P = np.array([0.5, 0.3, 0.2])
 Q = np.array([0.2, 0.2, 0.6])

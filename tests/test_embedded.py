@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 import specjax
-from specjax.data import held_out_prompts
-from specjax.presets import default_pair, embedded_names
-from specjax.tokenizer import ByteTokenizer
+from specjax.io.embedded import default_pair, embedded_names
+from specjax.io.tokenizer import ByteTokenizer
+from specjax.training.data import held_out_prompts
 
 
 @pytest.fixture(scope="module")

@@ -108,7 +108,7 @@ def test_driving_rounds_one_by_one(target, noisy_draft, plain):
         # Cache bookkeeping: the target has K/V for all but at most the last committed
         # token, the draft for all but at most the last two.
         assert np.all(np.asarray(state.target_cache.lengths) >= after - 1)
-        assert np.all(np.asarray(state.draft_cache.lengths) >= after - 2)
+        assert np.all(np.asarray(state.draft_state.cache.lengths) >= after - 2)
         rounds += 1
     out = specjax.state_output(state)
     assert out.tokens == plain.tokens

@@ -19,7 +19,7 @@ import transformers
 from safetensors.numpy import load_file, save_file
 
 import specjax
-import specjax.hf
+import specjax.io.hf
 
 VOCAB = 61
 PROMPTS = [[5, 9, 2], [17, 3, 40, 11, 60, 7]]
@@ -311,8 +311,8 @@ def test_config_the_model_cannot_honor(llama_dir, changes, message):
 
 
 def test_embedded_names_resolve_and_unknown_names_list_them(hf_target_dir, monkeypatch):
-    monkeypatch.setattr(specjax.hf, "embedded_path", lambda name: hf_target_dir if name == "tiny" else None)
-    monkeypatch.setattr(specjax.hf, "embedded_names", lambda: ["tiny"])
+    monkeypatch.setattr(specjax.io.hf, "embedded_path", lambda name: hf_target_dir if name == "tiny" else None)
+    monkeypatch.setattr(specjax.io.hf, "embedded_names", lambda: ["tiny"])
     assert specjax.load_model("tiny").config.model_type == "llama"
     with pytest.raises(ValueError, match=r"'not-a-model'.*embedded models: tiny"):
         specjax.load_model("not-a-model")

@@ -8,7 +8,7 @@ import pytest
 import transformers
 
 import specjax
-from specjax.tokenizer import ByteTokenizer
+from specjax.io.tokenizer import ByteTokenizer
 
 TEXTS = [
     "hello world",

@@ -11,7 +11,7 @@ import pytest
 from conftest import kill_after_checkpoint
 
 from specjax.configs import dump_config, load_config
-from specjax.train import TrainConfig, train
+from specjax.training.train import TrainConfig, train
 
 TINY = [
     "model.vocab_size=259",

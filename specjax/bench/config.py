@@ -27,7 +27,7 @@ EXPERIMENTS = {
 
 @dataclasses.dataclass(frozen=True)
 class Prompts:
-    """Held-out prompts from the stdlib corpus (see specjax.data.held_out_prompts)."""
+    """Held-out prompts from the stdlib corpus (see specjax.training.data.held_out_prompts)."""
 
     domain: str = "code"
     count: int = 8

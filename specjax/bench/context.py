@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import functools
 
+from specjax.models import ModelConfig
 from tqdm.auto import tqdm
 
 from specjax.bench.config import BenchConfig, ModelSpec
 from specjax.bench.cost import CostTable, forward_estimate
 from specjax.bench.measure import RunSpec, Workload, acceptance, measure
 from specjax.bench.timing import matmul_flops, memory_bandwidth
-from specjax.data import held_out_prompts
-from specjax.model import Model, init_model
-from specjax.models import ModelConfig
-from specjax.presets import resolve_model
-from specjax.tokenizer import ByteTokenizer
+from specjax.io.model import Model, init_model
+from specjax.io.presets import resolve_model
+from specjax.io.tokenizer import ByteTokenizer
+from specjax.training.data import held_out_prompts
 
 
 def load_model(spec: ModelSpec, seed: int) -> Model:

@@ -15,15 +15,17 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from specjax.models import ModelConfig, forward, init_cache
 
 from specjax.bench.timing import interleaved, median, timed
-from specjax.decode import DecodeState, decode_step
-from specjax.decode import init_state as decode_init
-from specjax.model import Model
-from specjax.models import ModelConfig, forward, init_cache
-from specjax.sampling import SamplingConfig, greedy_rule
-from specjax.speculative import SpecPlan, SpecState, speculative_round
-from specjax.speculative import init_state as spec_init
+from specjax.drafters import Drafter, as_drafter
+from specjax.engine.acceptance import greedy_rule
+from specjax.engine.decode import DecodeState, decode_step
+from specjax.engine.decode import init_state as decode_init
+from specjax.engine.sampling import SamplingConfig
+from specjax.engine.speculative import SpecPlan, SpecState, speculative_round
+from specjax.engine.speculative import init_state as spec_init
+from specjax.io.model import Model
 
 # Tables read by gathering a few rows, not streamed whole through a matrix product.
 _LOOKUP_TABLES = ("embed", "position_embed")
@@ -98,9 +100,9 @@ def _decode_steps(params, state: DecodeState, config: ModelConfig, inner: int):
 
 
 @functools.partial(jax.jit, static_argnames=("inner",), donate_argnums=2)
-def _rounds(target_params, draft_params, state: SpecState, inner: int):
+def _rounds(target_params, draft_weights, state: SpecState, inner: int):
     def body_fn(_, s):
-        return speculative_round(target_params, draft_params, s).replace(lengths=state.lengths, done=state.done)
+        return speculative_round(target_params, draft_weights, s).replace(lengths=state.lengths, done=state.done)
 
     return jax.lax.fori_loop(0, inner, body_fn, state)
 
@@ -108,8 +110,12 @@ def _rounds(target_params, draft_params, state: SpecState, inner: int):
 _GREEDY = SamplingConfig(0.0)
 
 
-def _iteration_key(target: Model, draft: Model | None, batch: int, k: int, context: int) -> tuple:
-    return ("iteration", id(target.params), id(draft.params) if draft else None, batch, k, context)
+def _iteration_key(target: Model, draft: Model | Drafter | None, batch: int, k: int, context: int) -> tuple:
+    if draft is None:
+        return ("iteration", id(target.params), None, batch, k, context)
+    drafter = as_drafter(draft)
+    weights = jax.tree.leaves(drafter.weights())
+    return ("iteration", id(target.params), drafter.without_weights(), *map(id, weights), batch, k, context)
 
 
 class CostTable:
@@ -140,7 +146,7 @@ class CostTable:
         times = interleaved(calls, self.repeats, warmup=1)
         self._seconds.update({key: median(t) / self.inner for key, t in times.items()})
 
-    def _iteration_call(self, target: Model, draft: Model | None, batch: int, k: int, context: int):
+    def _iteration_call(self, target: Model, draft: Model | Drafter | None, batch: int, k: int, context: int):
         prompt_length = context // 2  # the middle of the cache: the mask reads every slot anyway
         prompt = jnp.ones((batch, prompt_length), jnp.int32)
         lengths = jnp.full((batch,), prompt_length, jnp.int32)
@@ -148,15 +154,17 @@ class CostTable:
         if draft is None:
             state = jax.jit(decode_init, static_argnums=(6, 7))(target.params, *args, target.config, context)
         else:
-            plan = SpecPlan(target.config, draft.config, k, _GREEDY, greedy_rule)
-            state = jax.jit(spec_init, static_argnums=(7, 8))(target.params, draft.params, *args, plan, context)
+            drafter = as_drafter(draft)
+            weights = drafter.weights()
+            plan = SpecPlan(target.config, drafter.without_weights(), k, _GREEDY, greedy_rule)
+            state = jax.jit(spec_init, static_argnums=(7, 8))(target.params, weights, *args, plan, context)
 
         def call():
             nonlocal state
             if draft is None:
                 state = _decode_steps(target.params, state, target.config, self.inner)
             else:
-                state = _rounds(target.params, draft.params, state, self.inner)
+                state = _rounds(target.params, weights, state, self.inner)
             return state.tokens
 
         return call

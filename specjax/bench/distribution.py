@@ -13,9 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats as scipy_stats
 
-from specjax.model import Model, logits
-from specjax.sampling import SamplingConfig, always_accept_rule, probabilities
-from specjax.speculative import speculative_generate
+from specjax.engine.acceptance import always_accept_rule
+from specjax.engine.sampling import SamplingConfig, probabilities
+from specjax.engine.speculative import speculative_generate
+from specjax.io.model import Model, logits
 
 
 def chi_square_p_value(samples: np.ndarray, expected: np.ndarray) -> float:

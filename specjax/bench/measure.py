@@ -19,10 +19,10 @@ import itertools
 import numpy as np
 
 from specjax.bench.timing import median, timed
-from specjax.decode import prepare_generate
-from specjax.model import Model
-from specjax.output import GenerationStats, PreparedGeneration
-from specjax.speculative import prepare_speculative_generate
+from specjax.engine.decode import prepare_generate
+from specjax.engine.output import GenerationStats, PreparedGeneration
+from specjax.engine.speculative import prepare_speculative_generate
+from specjax.io.model import Model
 
 
 @dataclasses.dataclass(frozen=True)

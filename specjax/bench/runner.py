@@ -14,7 +14,7 @@ from specjax.bench.experiments import EXPERIMENT_FUNCTIONS
 from specjax.bench.report import DEFINITIONS, SCHEMA_VERSION, write_results
 from specjax.bench.timing import environment
 from specjax.configs import to_dict
-from specjax.model import Model
+from specjax.io.model import Model
 
 
 def run_bench(

@@ -18,11 +18,11 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
-from specjax.data import DataConfig, evaluation_windows, training_batch
-from specjax.model import Model
+from specjax.io.model import Model
+from specjax.io.tokenizer import ByteTokenizer
 from specjax.models import ModelConfig, full_forward, init_params
-from specjax.runs import open_run, resume_or_start
-from specjax.tokenizer import ByteTokenizer
+from specjax.training.data import DataConfig, evaluation_windows, training_batch
+from specjax.training.runs import open_run, resume_or_start
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,14 +21,14 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
-from specjax.data import DataConfig, held_out_prompts, training_batch
-from specjax.decode import generate
-from specjax.divergences import DIVERGENCES, get_divergence
-from specjax.model import Model
+from specjax.engine.decode import generate
+from specjax.engine.speculative import speculative_generate
+from specjax.io.model import Model
 from specjax.models import ModelConfig, full_forward, init_params
-from specjax.runs import open_run, resume_or_start
-from specjax.speculative import speculative_generate
-from specjax.train import OptimConfig, make_optimizer
+from specjax.training.data import DataConfig, held_out_prompts, training_batch
+from specjax.training.divergences import DIVERGENCES, get_divergence
+from specjax.training.runs import open_run, resume_or_start
+from specjax.training.train import OptimConfig, make_optimizer
 
 OBJECTIVES = (*DIVERGENCES, "next_token")
 
@@ -179,8 +179,8 @@ def distill(config: DistillConfig, out_dir: str | Path, progress: bool = True, s
     Writes checkpoints, metrics.jsonl (loss, and held-out acceptance every eval.every
     steps), the distilled draft in HF format under `draft/`, and results.json.
     """
-    from specjax.hf import save_model
-    from specjax.presets import resolve_model
+    from specjax.io.hf import save_model
+    from specjax.io.presets import resolve_model
 
     out_dir = open_run(out_dir, config, "distill_config.yaml")
     target, start_draft = resolve_model(config.target), resolve_model(config.draft)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import specjax.models
-from specjax.model import Model, init_model
+from specjax.io.embedded import embedded_names, embedded_path
+from specjax.io.hf import load_model
+from specjax.io.model import Model, init_model
+from specjax.io.tokenizer import ByteTokenizer
 from specjax.models import ModelConfig
-from specjax.tokenizer import ByteTokenizer
 
 # Random weights accept little (acceptance depends on training), but their cost is real:
 # the target is ~20x the draft. Untied embeddings: with tied random embeddings the argmax
@@ -36,33 +37,6 @@ RANDOM_PRESETS: dict[str, ModelConfig] = {
 }
 
 
-# The embedded pair ships inside the models package as HF-format directories.
-EMBEDDED_DIR = Path(specjax.models.__file__).resolve().parent / "pretrained"
-
-
-def embedded_names() -> list[str]:
-    """Names of the model directories shipped under specjax/models/pretrained/."""
-    if not EMBEDDED_DIR.is_dir():
-        return []
-    return sorted(p.name for p in EMBEDDED_DIR.iterdir() if (p / "config.json").is_file())
-
-
-def embedded_path(name: str) -> Path | None:
-    """Directory of the embedded model `name`, or None if there is no such model."""
-    return EMBEDDED_DIR / name if name in embedded_names() else None
-
-
-DEFAULT_TARGET = "stdlib-target"
-DEFAULT_DRAFT = "stdlib-draft"
-
-
-def default_pair() -> tuple[str, str]:
-    """The embedded trained pair when it is installed, else the random-weight pair."""
-    if embedded_path(DEFAULT_TARGET) and embedded_path(DEFAULT_DRAFT):
-        return DEFAULT_TARGET, DEFAULT_DRAFT
-    return "random-target", "random-draft"
-
-
 def resolve_model(name: str, seed: int = 0) -> Model:
     """A model by random-preset name, embedded name, or local Hugging Face directory."""
     if name in RANDOM_PRESETS:
@@ -71,6 +45,4 @@ def resolve_model(name: str, seed: int = 0) -> Model:
     if embedded_path(name) is None and not Path(name).is_dir():
         known = ", ".join([*sorted(RANDOM_PRESETS), *embedded_names()])
         raise ValueError(f"unknown model {name!r}: not a directory, and not one of: {known}")
-    from specjax.hf import load_model
-
     return load_model(name)

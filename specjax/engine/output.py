@@ -38,6 +38,7 @@ class GenerationStats:
     accepted_per_position: list[float]
     accepted_counts: list[int]
     per_row_mean_acceptance_length: list[float]
+    drafter: dict = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

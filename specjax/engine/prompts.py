@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.model import Model, _check_token_ids
+from specjax.io.model import Model, _check_token_ids
 
 _MIN_PROMPT_BUCKET = 16
 _CACHE_ROUNDING = 64

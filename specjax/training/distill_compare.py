@@ -16,8 +16,8 @@ from pathlib import Path
 import yaml
 
 from specjax.configs import apply_overrides, from_dict, to_dict
-from specjax.distill import DistillConfig, distill
-from specjax.runs import Metrics
+from specjax.training.distill import DistillConfig, distill
+from specjax.training.runs import Metrics
 
 
 @dataclasses.dataclass(frozen=True)

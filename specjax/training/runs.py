@@ -15,7 +15,7 @@ import orbax.checkpoint as ocp
 import yaml
 
 from specjax.configs import dump_config, from_dict
-from specjax.data import manifest
+from specjax.training.data import manifest
 
 
 def open_run(out_dir: str | Path, config, config_file: str) -> Path:

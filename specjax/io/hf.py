@@ -2,7 +2,7 @@
 
 A directory holds config.json, model.safetensors (or shards plus an index) and, when the
 model has one, a tokenizer. The config mapping lives here; the tensor layouts live in
-specjax/hf_weights.py. Loading reads config.json directly (no transformers import), so a
+specjax/io/hf_weights.py. Loading reads config.json directly (no transformers import), so a
 ByteTokenizer model loads without importing transformers at all.
 """
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specjax.hf_weights import SINGLE_FILE, read_params, write_params
-from specjax.model import Model
+from specjax.io.embedded import embedded_names, embedded_path
+from specjax.io.hf_weights import SINGLE_FILE, read_params, write_params
+from specjax.io.model import Model
+from specjax.io.tokenizer import ByteTokenizer
 from specjax.models import ModelConfig
-from specjax.presets import embedded_names, embedded_path
-from specjax.tokenizer import ByteTokenizer
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",

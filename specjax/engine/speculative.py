@@ -1,4 +1,7 @@
-"""Speculative decoding: K draft steps, one target verify of width K + 1, per-row commits.
+"""Speculative decoding: a drafter proposes K tokens, one target verify of width K + 1, per-row commits.
+
+The round is drafter-agnostic: `drafter.propose` -> target verify -> `rule` -> commit ->
+`drafter.update`. Drafters live in specjax/drafters, acceptance rules in acceptance.py.
 
 Every round has static shapes. Per-row variable acceptance is carried by counts and
 masks, rollback is a length change, and the whole generation is one `lax.while_loop`
@@ -9,18 +12,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax._loop import commit, gather_tokens, prefill, token_buffer
-from specjax._prompts import prepare_prompts
-from specjax.model import Model
+from specjax.drafters import DraftContext, Drafter, as_drafter
+from specjax.engine.acceptance import AcceptanceRule, default_rule
+from specjax.engine.loop import commit, gather_tokens, prefill, token_buffer
+from specjax.engine.output import GenerationOutput, PreparedGeneration, collect_output
+from specjax.engine.prompts import prepare_prompts
+from specjax.engine.sampling import SamplingConfig, probabilities
+from specjax.io.model import Model
 from specjax.models import KVCache, ModelConfig, forward
-from specjax.output import GenerationOutput, PreparedGeneration, collect_output
-from specjax.sampling import AcceptanceRule, SamplingConfig, default_rule, probabilities, sample
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +34,7 @@ class SpecPlan:
     """Everything static about a speculative generation (hashable: a jit cache key)."""
 
     target: ModelConfig
-    draft: ModelConfig
+    drafter: Drafter  # the static part (`without_weights()`): compared by configuration
     num_speculative_tokens: int
     sampling: SamplingConfig
     rule: AcceptanceRule
@@ -43,7 +49,7 @@ class SpecState:
     prompt_lengths: jax.Array  # [B] int32
     done: jax.Array  # [B] bool
     target_cache: KVCache
-    draft_cache: KVCache
+    draft_state: Any  # the drafter's pytree (a draft model's KV cache, match counters, ...)
     rng: jax.Array
     max_new_tokens: jax.Array  # [] int32
     eos_token_id: jax.Array  # [] int32, -1 when there is none
@@ -53,49 +59,29 @@ class SpecState:
     plan: SpecPlan = struct.field(pytree_node=False)
 
 
-def _draw(key, logits, sampling: SamplingConfig):
-    """Draft token and the distribution it came from: logits [B, V] -> ([B], [B, V])."""
-    if sampling.greedy:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32), logits
-    q = probabilities(logits, sampling)
-    return sample(key, q), q
-
-
-def _propose(plan: SpecPlan, draft_params, state: SpecState, key):
-    """Draft K tokens per row. Returns (drafts [B, K], q [B, K, V], draft cache)."""
-    k = plan.num_speculative_tokens
-    lengths = state.lengths
-    # Catch-up, width 2: the draft cache can lag the committed sequence by two tokens
-    # (after full acceptance it has seen neither d_K nor the bonus; after a rejection it
-    # has not seen the correction). Rewriting a slot it already holds is harmless, and a
-    # one-token prompt simply feeds position 0 twice.
-    catch_up = jnp.maximum(lengths[:, None] + jnp.arange(-2, 0), 0)  # [B, 2]
-    logits, cache = forward(
-        plan.draft, draft_params, gather_tokens(state.tokens, catch_up), catch_up, state.draft_cache
+def _context(state: SpecState, target_params) -> DraftContext:
+    plan = state.plan
+    return DraftContext(
+        tokens=state.tokens,
+        lengths=state.lengths,
+        prompt_lengths=state.prompt_lengths,
+        done=state.done,
+        target_params=target_params,
+        target=plan.target,
+        num_speculative_tokens=plan.num_speculative_tokens,
+        sampling=plan.sampling,
     )
 
-    def draft_step(carry, step_key):
-        cache, logits, position = carry  # logits [B, V] predict the token at `position` [B]
-        token, q = _draw(step_key, logits, plan.sampling)
-        logits, cache = forward(plan.draft, draft_params, token[:, None], position[:, None], cache)
-        return (cache, logits[:, 0], position + 1), (token, q)
 
-    keys = jax.random.split(key, k)
-    # K - 1 steps that draw and feed; d_K is drawn but not fed (next round's catch-up does).
-    (cache, logits, _), (tokens, qs) = jax.lax.scan(draft_step, (cache, logits[:, -1], lengths), keys[:-1])
-    last_token, last_q = _draw(keys[-1], logits, plan.sampling)
-    drafts = jnp.concatenate([tokens.T, last_token[:, None]], axis=1)  # [B, K]
-    q = jnp.concatenate([qs.transpose(1, 0, 2), last_q[:, None]], axis=1)  # [B, K, V]
-    return drafts, q, cache
-
-
-def speculative_round(target_params, draft_params, state: SpecState) -> SpecState:
+def speculative_round(target_params, draft_weights, state: SpecState) -> SpecState:
     """One round as a pure function of the parameters and the loop state (the while-loop body)."""
     plan = state.plan
     k = plan.num_speculative_tokens
     rng, draft_key, accept_key = jax.random.split(state.rng, 3)
     lengths = state.lengths  # L: the token at L - 1 is committed but not yet verified past
-    drafts, q, draft_cache = _propose(plan, draft_params, state, draft_key)
+    ctx = _context(state, target_params)
+    proposal, draft_state = plan.drafter.propose(draft_weights, state.draft_state, ctx, draft_key)
+    drafts = proposal.tokens  # [B, K]
 
     # Verify, width K + 1: [token at L-1, d_1..d_K] at positions L-1..L+K-1. Output i is
     # the target's distribution p_{i+1} for the token at position L+i.
@@ -103,7 +89,7 @@ def speculative_round(target_params, draft_params, state: SpecState) -> SpecStat
     verify_tokens = jnp.concatenate([gather_tokens(state.tokens, positions[:, :1]), drafts], axis=1)
     logits, target_cache = forward(plan.target, target_params, verify_tokens, positions, state.target_cache)
     p = logits if plan.sampling.greedy else probabilities(logits, plan.sampling)
-    num_accepted, next_token = plan.rule(accept_key, drafts, p, q)  # [B], [B]
+    num_accepted, next_token = plan.rule(accept_key, drafts, p, proposal.q)  # [B], [B]
 
     # Candidates [d_1..d_n, next, ...]: the first n + 1 count (before EOS/max cuts).
     j = jnp.arange(k + 1)[None, :]
@@ -122,13 +108,13 @@ def speculative_round(target_params, draft_params, state: SpecState) -> SpecStat
     live = ~state.done
     # Rollback is a length change: slots holding rejected drafts stay and get overwritten.
     target_valid = jnp.minimum(lengths + num_accepted, new_lengths)
-    draft_valid = jnp.minimum(target_valid, lengths + k - 1)
+    after = ctx.replace(tokens=tokens, lengths=new_lengths, done=done)
     return state.replace(
         tokens=tokens,
         lengths=new_lengths,
         done=done,
         target_cache=target_cache.replace(lengths=target_valid),
-        draft_cache=draft_cache.replace(lengths=draft_valid),
+        draft_state=plan.drafter.update(draft_weights, draft_state, after, num_accepted),
         rng=rng,
         row_rounds=state.row_rounds + live.astype(jnp.int32),
         accepted_at=state.accepted_at + ((j[:, :k] < num_accepted[:, None]) & live[:, None]).astype(jnp.int32),
@@ -137,16 +123,17 @@ def speculative_round(target_params, draft_params, state: SpecState) -> SpecStat
 
 
 def init_state(
-    target_params, draft_params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, plan, cache_length
+    target_params, draft_weights, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, plan, cache_length
 ):
+    """Prefill the target, set up the drafter, and return the state before the first round."""
     batch = prompt.shape[0]
-    return SpecState(
+    state = SpecState(
         tokens=token_buffer(prompt, cache_length),
         lengths=prompt_lengths,
         prompt_lengths=prompt_lengths,
         done=jnp.zeros((batch,), bool),
         target_cache=prefill(plan.target, target_params, prompt, prompt_lengths, cache_length),
-        draft_cache=prefill(plan.draft, draft_params, prompt, prompt_lengths, cache_length),
+        draft_state=None,
         rng=rng,
         max_new_tokens=max_new_tokens,
         eos_token_id=eos_token_id,
@@ -155,6 +142,8 @@ def init_state(
         forwards=jnp.zeros((), jnp.int32),
         plan=plan,
     )
+    draft_state = plan.drafter.init(draft_weights, _context(state, target_params), prompt, cache_length)
+    return state.replace(draft_state=draft_state)
 
 
 _jit_init_state = jax.jit(init_state, static_argnames=("plan", "cache_length"))
@@ -163,11 +152,11 @@ _jit_round = jax.jit(speculative_round, donate_argnums=2)
 
 @functools.partial(jax.jit, static_argnames=("plan", "cache_length"))
 def _generate(
-    target_params, draft_params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, plan, cache_length
+    target_params, draft_weights, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, plan, cache_length
 ):
     state = init_state(
         target_params,
-        draft_params,
+        draft_weights,
         prompt,
         prompt_lengths,
         max_new_tokens,
@@ -181,38 +170,32 @@ def _generate(
         return ~jnp.all(state.done)
 
     def body_fn(state):
-        return speculative_round(target_params, draft_params, state)
+        return speculative_round(target_params, draft_weights, state)
 
     return jax.lax.while_loop(cond_fn, body_fn, state)
 
 
-def _check_pair(target: Model, draft: Model, num_speculative_tokens) -> None:
+def _prepare(target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule):
+    """(prompt batch, plan, the drafter's weights) after checking every argument."""
+    sampling = SamplingConfig(temperature, top_k, top_p)
     if not isinstance(num_speculative_tokens, int | np.integer) or num_speculative_tokens < 1:
         raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {num_speculative_tokens!r}")
-    if target.config.vocab_size != draft.config.vocab_size:
-        raise ValueError(
-            "draft and target must share a vocabulary: draft vocab_size "
-            f"{draft.config.vocab_size} != target vocab_size {target.config.vocab_size}"
-        )
-
-
-def _prepare(target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule):
-    sampling = SamplingConfig(temperature, top_k, top_p)
-    _check_pair(target, draft, num_speculative_tokens)
+    drafter = as_drafter(draft)
+    drafter.check(target.config, int(num_speculative_tokens))
     batch = prepare_prompts(target, prompts, max_new_tokens, headroom=num_speculative_tokens + 1)
     plan = SpecPlan(
         target=target.config,
-        draft=draft.config,
+        drafter=drafter.without_weights(),
         num_speculative_tokens=int(num_speculative_tokens),
         sampling=sampling,
         rule=rule or default_rule(sampling),
     )
-    return batch, plan
+    return batch, plan, drafter.weights()
 
 
 def init_speculative_state(
     target: Model,
-    draft: Model,
+    draft: Model | Drafter,
     prompts,
     num_speculative_tokens: int = 4,
     max_new_tokens: int = 64,
@@ -228,13 +211,13 @@ def init_speculative_state(
     Drive rounds yourself with `state = speculative_step(target, draft, state)`; this is
     what `speculative_generate` does inside one compiled while loop.
     """
-    batch, plan = _prepare(
+    batch, plan, weights = _prepare(
         target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule
     )
     prompt, prompt_lengths, eos, rng = batch.loop_inputs(eos_token_id, seed)
     return _jit_init_state(
         target.params,
-        draft.params,
+        weights,
         prompt,
         prompt_lengths,
         jnp.int32(max_new_tokens),
@@ -245,14 +228,22 @@ def init_speculative_state(
     )
 
 
-def speculative_step(target: Model, draft: Model, state: SpecState) -> SpecState:
-    """One jitted round (draft K, verify K + 1, commit per row). `state` is donated."""
-    return _jit_round(target.params, draft.params, state)
+def speculative_step(target: Model, draft: Model | Drafter, state: SpecState) -> SpecState:
+    """One jitted round (draft K, verify K + 1, commit per row). `state` is donated.
+
+    `draft` must be the drafter `state` was initialised with (its weights are read here).
+    """
+    drafter = as_drafter(draft)
+    if drafter.without_weights() != state.plan.drafter:
+        raise ValueError(
+            f"state was initialised with drafter {state.plan.drafter!r}, not {drafter.without_weights()!r}"
+        )
+    return _jit_round(target.params, drafter.weights(), state)
 
 
 def state_output(state: SpecState) -> GenerationOutput:
     """Tokens and statistics of a (possibly unfinished) speculative state."""
-    tokens, prompt_lengths, lengths, row_rounds, accepted_at, forwards = jax.device_get(
+    tokens, prompt_lengths, lengths, row_rounds, accepted_at, forwards, drafter_stats = jax.device_get(
         (
             state.tokens,
             state.prompt_lengths,
@@ -260,14 +251,17 @@ def state_output(state: SpecState) -> GenerationOutput:
             state.row_rounds,
             state.accepted_at,
             state.forwards,
+            state.plan.drafter.stats(state.draft_state),
         )
     )
-    return collect_output(np.asarray(tokens), prompt_lengths, lengths, row_rounds, forwards, accepted_at)
+    out = collect_output(np.asarray(tokens), prompt_lengths, lengths, row_rounds, forwards, accepted_at)
+    drafter = {"kind": state.plan.drafter.name, **{k: int(np.sum(v)) for k, v in drafter_stats.items()}}
+    return dataclasses.replace(out, stats=dataclasses.replace(out.stats, drafter=drafter))
 
 
 def prepare_speculative_generate(
     target: Model,
-    draft: Model,
+    draft: Model | Drafter,
     prompts,
     num_speculative_tokens: int = 4,
     max_new_tokens: int = 64,
@@ -279,7 +273,7 @@ def prepare_speculative_generate(
     rule: AcceptanceRule | None = None,
 ) -> PreparedGeneration:
     """Check and pad the inputs of `speculative_generate` once; run them (repeatedly) later."""
-    batch, plan = _prepare(
+    batch, plan, weights = _prepare(
         target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule
     )
     prompt, prompt_lengths, eos, rng = batch.loop_inputs(eos_token_id, seed)
@@ -287,7 +281,7 @@ def prepare_speculative_generate(
     def launch(n: int) -> SpecState:
         return _generate(
             target.params,
-            draft.params,
+            weights,
             prompt,
             prompt_lengths,
             jnp.int32(n),
@@ -309,7 +303,7 @@ def prepare_speculative_generate(
 
 def speculative_generate(
     target: Model,
-    draft: Model,
+    draft: Model | Drafter,
     prompts,
     num_speculative_tokens: int = 4,
     max_new_tokens: int = 64,
@@ -326,7 +320,7 @@ def speculative_generate(
     (then `out.text` holds the decoded continuations).
     Greedy (temperature 0) output equals `generate(target, ...)` token for token; with
     temperature > 0 every token is distributed exactly as the target's (rejection
-    sampling). `rule` replaces the acceptance rule (see specjax.sampling) for research
+    sampling). `rule` replaces the acceptance rule (see specjax.engine.sampling) for research
     on lossy or alternative verification.
     """
     return prepare_speculative_generate(

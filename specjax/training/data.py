@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specjax.tokenizer import ByteTokenizer
+from specjax.io.tokenizer import ByteTokenizer
 
 DOMAINS = ("code", "prose")
 SPLITS = ("train", "validation", "test")

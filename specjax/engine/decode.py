@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax._loop import commit, gather_tokens, prefill, token_buffer
-from specjax._prompts import prepare_prompts
-from specjax.model import Model
+from specjax.engine.loop import commit, gather_tokens, prefill, token_buffer
+from specjax.engine.output import GenerationOutput, PreparedGeneration, collect_output
+from specjax.engine.prompts import prepare_prompts
+from specjax.engine.sampling import SamplingConfig, select
+from specjax.io.model import Model
 from specjax.models import KVCache, ModelConfig, forward
-from specjax.output import GenerationOutput, PreparedGeneration, collect_output
-from specjax.sampling import SamplingConfig, select
 
 
 @struct.dataclass

@@ -1,0 +1,99 @@
+"""Drafters: one file per way of proposing tokens (see base.py for the interface).
+
+    draft_model.py    a separate draft Model
+    layer_skip.py     the target's first N layers (self-speculation)
+    prompt_lookup.py  n-gram matching in the row's own prompt + output
+    fallback.py       one drafter where it found something, another elsewhere
+
+`make_drafter` builds one from a name or a mapping, as the CLI and bench configs give it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from specjax.drafters.base import DraftContext, Drafter, Proposal
+from specjax.drafters.draft_model import DraftModel
+from specjax.drafters.fallback import Fallback
+from specjax.drafters.layer_skip import LayerSkip
+from specjax.drafters.prompt_lookup import PromptLookup
+from specjax.io.model import Model
+from specjax.models import ModelConfig
+
+# kind -> constructor from the keyword arguments of a mapping spec.
+KINDS: dict[str, Callable[..., Drafter]] = {
+    "prompt_lookup": PromptLookup,
+    "layer_skip": LayerSkip,
+}
+
+
+def as_drafter(draft: Model | Drafter) -> Drafter:
+    """A `Model` becomes a `DraftModel`; a drafter is returned as it is."""
+    if isinstance(draft, Drafter):
+        return draft
+    if isinstance(draft, Model):
+        return DraftModel(draft)
+    raise TypeError(f"draft must be a specjax Model or a Drafter (e.g. specjax.PromptLookup()), got {type(draft)!r}")
+
+
+def make_drafter(
+    spec: str | Mapping[str, Any], load: Callable[[str], Model], target: ModelConfig | None = None
+) -> Drafter:
+    """A drafter from a CLI/config spec; `load(name)` resolves model names.
+
+    spec: "prompt-lookup" / "prompt_lookup", "layer-skip" (half of `target`'s layers),
+    "layer-skip:N", a model name (embedded, random preset or HF directory), or a mapping
+    {kind: ..., **arguments}:
+        {kind: prompt_lookup, max_ngram: 3, min_ngram: 1, prefer: latest}
+        {kind: layer_skip, layers: 2}
+        {kind: draft_model, model: stdlib-draft}
+        {kind: fallback, first: {...}, then: {...}}
+    """
+    if isinstance(spec, str):
+        kind = spec.replace("-", "_")
+        if kind == "prompt_lookup":
+            return PromptLookup()
+        if kind == "layer_skip":
+            if target is None:
+                raise ValueError("layer skip needs a layer count: {kind: layer_skip, layers: N} (CLI: layer-skip:N)")
+            return LayerSkip(layers=max(1, target.num_hidden_layers // 2))
+        if kind.startswith("layer_skip:"):
+            count = kind.split(":", 1)[1]
+            if not count.isdigit():
+                raise ValueError(f"layer-skip:N needs an integer N, got {spec!r}")
+            return LayerSkip(layers=int(count))
+        return DraftModel(load(spec))
+    if not isinstance(spec, Mapping) or "kind" not in spec:
+        raise ValueError(f"a drafter spec is a name or a mapping with a 'kind' key, got {spec!r}")
+    args = {k: v for k, v in spec.items() if k != "kind"}
+    kind = str(spec["kind"]).replace("-", "_")
+    if kind == "draft_model":
+        if set(args) != {"model"}:
+            raise ValueError(f"{{kind: draft_model}} takes exactly one key, 'model', got {sorted(args)}")
+        return DraftModel(load(args["model"]))
+    if kind == "fallback":
+        if set(args) != {"first", "then"}:
+            raise ValueError(f"{{kind: fallback}} takes exactly 'first' and 'then', got {sorted(args)}")
+        return Fallback(make_drafter(args["first"], load, target), make_drafter(args["then"], load, target))
+    if kind not in KINDS:
+        known = ", ".join(sorted([*KINDS, "draft_model", "fallback"]))
+        raise ValueError(f"unknown drafter kind {spec['kind']!r}; known kinds: {known}")
+    try:
+        return KINDS[kind](**args)
+    except TypeError as e:
+        raise ValueError(f"bad arguments for drafter kind {kind!r}: {e}") from e
+
+
+__all__ = [
+    "KINDS",
+    "DraftContext",
+    "DraftModel",
+    "Drafter",
+    "Fallback",
+    "LayerSkip",
+    "PromptLookup",
+    "Proposal",
+    "as_drafter",
+    "make_drafter",
+]

@@ -1,0 +1,103 @@
+"""The drafter interface: how a round gets its K proposed tokens.
+
+A drafter is a small frozen (hashable) object plus a pytree state. The jitted round calls
+three pure functions on it:
+
+    state = drafter.init(weights, ctx, prompt, cache_length)        after the prefill
+    proposal, state = drafter.propose(weights, state, ctx, key)     K tokens per row
+    state = drafter.update(weights, state, ctx, num_accepted)       after the commit
+
+Verification, the acceptance rule and the commit never depend on which drafter runs, so a
+new drafter is one file in this package. The object is static: it is part of the jit cache
+key, like the target's ModelConfig. Arrays it reads (a draft model's params) are not part
+of it: `weights()` hands them to the jitted loop as a traced argument, and
+`without_weights()` is the static object jit keys on, so two drafters that differ only in
+their weights share compiled programs.
+
+Exactness: a drafter may read only committed history (`DraftContext`), never the round's
+randomness beyond its own key. Then speculative sampling stays exact whatever it proposes,
+as long as `q` is the distribution it really drew from (None: a deterministic proposal).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from flax import struct
+
+from specjax.engine.sampling import SamplingConfig
+from specjax.models import ModelConfig
+
+
+@struct.dataclass
+class DraftContext:
+    """What a drafter may read in a round: the committed sequence and the target.
+
+    Rows are right-aligned to nothing: slot = absolute position, prompt first. Slots at or
+    beyond a row's length hold stale or padding tokens and must never be matched or fed.
+    """
+
+    tokens: jax.Array  # [B, S] int32: prompt + committed tokens, slot = position
+    lengths: jax.Array  # [B] int32: committed tokens per row, prompt included
+    prompt_lengths: jax.Array  # [B] int32
+    done: jax.Array  # [B] bool: finished rows (their proposals are verified and discarded)
+    target_params: Any  # the target's params pytree (self-speculation reads its layers)
+    target: ModelConfig = struct.field(pytree_node=False)
+    num_speculative_tokens: int = struct.field(pytree_node=False)
+    sampling: SamplingConfig = struct.field(pytree_node=False)
+
+
+@struct.dataclass
+class Proposal:
+    """K proposed tokens per row and where they came from."""
+
+    tokens: jax.Array  # [B, K] int32
+    q: jax.Array | None  # [B, K, V] float32 draft probabilities, or None: deterministic (one-hot)
+    found: jax.Array | None = None  # [B] bool: rows with a real proposal (None: every row)
+
+
+class Drafter:
+    """Base class of every drafter. Subclass it as a frozen dataclass.
+
+    Override `init` and `propose`; `update`, `stats`, `weights`, `without_weights` and
+    `check` have defaults for drafters that keep no weights and learn nothing from the
+    verdict.
+    """
+
+    name = "drafter"
+
+    def weights(self) -> Any:
+        """Arrays the drafter reads (a pytree), passed to the jitted loop as an argument."""
+        return ()
+
+    def without_weights(self) -> Drafter:
+        """The static part: hashable, compared by configuration, holding no arrays."""
+        return self
+
+    def check(self, target_config: ModelConfig, num_speculative_tokens: int) -> None:
+        """Raise ValueError, naming the problem, if this drafter cannot serve `target_config`."""
+
+    def tolerating_lag(self, lag: int) -> Drafter:
+        """This drafter, able to catch up when its state lags the committed sequence by up to
+        `lag` tokens (a combinator needs it when another drafter's tokens were accepted)."""
+        del lag
+        return self
+
+    def init(self, weights, ctx: DraftContext, prompt: jax.Array, cache_length: int) -> Any:
+        """State after the prefill. prompt [B, T_bucket] right-padded; ctx.lengths = prompt lengths."""
+        raise NotImplementedError
+
+    def propose(self, weights, state, ctx: DraftContext, key: jax.Array) -> tuple[Proposal, Any]:
+        """K = ctx.num_speculative_tokens tokens per row for positions lengths..lengths+K-1."""
+        raise NotImplementedError
+
+    def update(self, weights, state, ctx: DraftContext, num_accepted: jax.Array) -> Any:
+        """State after the commit: ctx holds the new tokens and lengths; num_accepted [B]."""
+        del weights, ctx, num_accepted
+        return state
+
+    def stats(self, state) -> dict[str, jax.Array]:
+        """Per-row counters [B] this drafter reports (summed into GenerationStats.drafter)."""
+        del state
+        return {}

@@ -1,0 +1,122 @@
+"""A separate, smaller draft model that proposes K tokens autoregressively.
+
+Each round: one catch-up forward of width W over the last W committed tokens (the draft
+cache lags the committed sequence: after a rejection it has not seen the correction,
+after full acceptance it has seen neither d_K nor the bonus), then K - 1 single-token
+steps. d_K is drawn but not fed: the next round's catch-up feeds it if it was accepted.
+Rewriting a slot with the K/V it already holds is harmless, so W only has to bound the
+lag: 2 when this model's own drafts are what gets verified.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax.drafters.base import DraftContext, Drafter, Proposal
+from specjax.engine.loop import gather_tokens, prefill
+from specjax.engine.sampling import SamplingConfig, probabilities, sample
+from specjax.io.model import Model
+from specjax.models import KVCache, ModelConfig, forward
+
+
+@struct.dataclass
+class ModelDraftState:
+    cache: KVCache  # the draft's own KV cache, [layers, B, S, n_kv, d_head]
+
+
+def _draw(key, logits, sampling: SamplingConfig):
+    """Draft token and the probabilities it was drawn from (None when greedy): logits [B, V]."""
+    if sampling.greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+    q = probabilities(logits, sampling)
+    return sample(key, q), q
+
+
+def propose_autoregressive(config: ModelConfig, params, cache: KVCache, ctx: DraftContext, key, catch_up: int):
+    """K tokens from a model: catch-up of width `catch_up`, then K - 1 single-token steps.
+
+    Returns (Proposal(tokens [B, K], q [B, K, V] or None when greedy), cache).
+    """
+    k = ctx.num_speculative_tokens
+    lengths = ctx.lengths
+    # Positions L-W..L-1 (a short prompt repeats position 0, writing the same K/V twice).
+    feed = jnp.maximum(lengths[:, None] + jnp.arange(-catch_up, 0), 0)  # [B, W]
+    logits, cache = forward(config, params, gather_tokens(ctx.tokens, feed), feed, cache)
+
+    def draft_step(carry, step_key):
+        cache, logits, position = carry  # logits [B, V] predict the token at `position` [B]
+        token, q = _draw(step_key, logits, ctx.sampling)
+        logits, cache = forward(config, params, token[:, None], position[:, None], cache)
+        return (cache, logits[:, 0], position + 1), (token, q)
+
+    keys = jax.random.split(key, k)
+    (cache, logits, _), (tokens, qs) = jax.lax.scan(draft_step, (cache, logits[:, -1], lengths), keys[:-1])
+    last_token, last_q = _draw(keys[-1], logits, ctx.sampling)
+    drafts = jnp.concatenate([tokens.T, last_token[:, None]], axis=1)  # [B, K]
+    q = None if last_q is None else jnp.concatenate([qs.transpose(1, 0, 2), last_q[:, None]], axis=1)
+    return Proposal(tokens=drafts, q=q), cache
+
+
+def check_vocabulary(draft: ModelConfig, target: ModelConfig) -> None:
+    if target.vocab_size != draft.vocab_size:
+        raise ValueError(
+            "draft and target must share a vocabulary: draft vocab_size "
+            f"{draft.vocab_size} != target vocab_size {target.vocab_size}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftModel(Drafter):
+    """A separate draft `Model` (the classic draft/target pair). `speculative_generate`
+    wraps a plain `Model` passed as `draft` in this.
+
+    catch_up: width of the per-round catch-up forward; it must bound how far the draft
+    cache can lag the committed sequence (2 when this model's drafts are verified; a
+    combinator whose other drafter may be accepted for K tokens needs K + 1).
+    """
+
+    model: Model | None = dataclasses.field(default=None, compare=False, hash=False, repr=False)
+    config: ModelConfig | None = None
+    catch_up: int = 2
+    name = "draft_model"
+
+    def __post_init__(self):
+        if self.model is not None:
+            object.__setattr__(self, "config", self.model.config)
+        if self.config is None:
+            raise ValueError("DraftModel needs a Model (DraftModel(model))")
+        if self.catch_up < 2:
+            raise ValueError(f"DraftModel.catch_up must be >= 2, got {self.catch_up}")
+
+    def weights(self) -> Any:
+        if self.model is None:
+            raise ValueError("this DraftModel holds no weights (it is the static part of one)")
+        return self.model.params
+
+    def without_weights(self) -> DraftModel:
+        return dataclasses.replace(self, model=None)
+
+    def tolerating_lag(self, lag: int) -> DraftModel:
+        return dataclasses.replace(self, catch_up=max(self.catch_up, lag))
+
+    def check(self, target_config: ModelConfig, num_speculative_tokens: int) -> None:
+        check_vocabulary(self.config, target_config)
+
+    def init(self, weights, ctx: DraftContext, prompt, cache_length: int) -> ModelDraftState:
+        return ModelDraftState(cache=prefill(self.config, weights, prompt, ctx.lengths, cache_length))
+
+    def propose(self, weights, state: ModelDraftState, ctx: DraftContext, key):
+        proposal, cache = propose_autoregressive(self.config, weights, state.cache, ctx, key, self.catch_up)
+        return proposal, ModelDraftState(cache=cache)
+
+    def update(self, weights, state: ModelDraftState, ctx: DraftContext, num_accepted):
+        # Informational (attention masks by position): slots below this hold K/V of the
+        # committed sequence. The correction/bonus token (last committed) was never fed, and
+        # the next catch-up rewrites whatever lies past it before any query reads it.
+        valid = jnp.minimum(state.cache.lengths, ctx.lengths - 1)
+        return ModelDraftState(cache=state.cache.replace(lengths=valid))

@@ -1,0 +1,65 @@
+"""Turning logits into tokens: temperature, top-k, top-p, sampling.
+
+The same `probabilities` is applied to the draft's and the target's logits. That matters:
+speculative sampling is exact only if p and q are the *processed* distributions the two
+models would actually sample from (a known bug class when one side skips top-p).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """How a distribution is drawn from logits. temperature 0 means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self):
+        if not self.temperature >= 0.0:  # also rejects NaN
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1 or None, got {self.top_k}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def probabilities(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
+    """logits [..., V] -> float32 probabilities [..., V] after temperature, top-k, top-p."""
+    logits = logits.astype(jnp.float32) / (sampling.temperature if not sampling.greedy else 1.0)
+    if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
+        kth = jax.lax.top_k(logits, sampling.top_k)[0][..., -1:]  # [..., 1]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    probs = jax.nn.softmax(logits, axis=-1)
+    if sampling.top_p is not None and sampling.top_p < 1.0:
+        # Keep the smallest prefix of the sorted distribution whose mass reaches top_p:
+        # a token is kept if the mass strictly before it is < top_p (the top one always is).
+        sorted_probs = -jnp.sort(-probs, axis=-1)
+        mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+        kept = jnp.where(mass_before < sampling.top_p, sorted_probs, jnp.inf)
+        threshold = jnp.min(kept, axis=-1, keepdims=True)
+        probs = jnp.where(probs >= threshold, probs, 0.0)
+        probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+    return probs
+
+
+def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
+    """One categorical draw per row: probs [..., V] -> int32 tokens [...]."""
+    return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)
+
+
+def select(key: jax.Array, logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
+    """Next token from logits [..., V]: argmax when greedy, else a sample. -> [...] int32."""
+    if sampling.greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return sample(key, probabilities(logits, sampling))

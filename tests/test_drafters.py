@@ -1,0 +1,243 @@
+"""Every drafter: greedy output equals plain greedy, batched equals per-row, and exact
+sampling survives it (a two-sample test against plain sampling, with a negative control)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import RAGGED_PROMPTS, TARGET_CONFIG, scaled_model
+from scipy import stats as scipy_stats
+
+import specjax
+from specjax.drafters import DraftContext
+from specjax.engine.acceptance import always_accept_rule
+
+# Prompts with repeats, so prompt lookup has something to find, plus the ragged set.
+PROMPTS = [*RAGGED_PROMPTS, [5, 6, 7, 5, 6, 7, 5], [9, 9, 9, 9]]
+NEW = 24
+
+
+def _drafters(noisy_draft, small_draft):
+    return {
+        "draft_model": specjax.DraftModel(noisy_draft),
+        "prompt_lookup": specjax.PromptLookup(),
+        "prompt_lookup_earliest_2": specjax.PromptLookup(max_ngram=2, min_ngram=2, prefer="earliest"),
+        "layer_skip": specjax.LayerSkip(layers=1),
+        "lookup_then_model": specjax.Fallback(specjax.PromptLookup(), specjax.DraftModel(small_draft)),
+        "lookup_then_layer_skip": specjax.Fallback(specjax.PromptLookup(max_ngram=2), specjax.LayerSkip(layers=1)),
+    }
+
+
+DRAFTER_NAMES = [
+    "draft_model",
+    "prompt_lookup",
+    "prompt_lookup_earliest_2",
+    "layer_skip",
+    "lookup_then_model",
+    "lookup_then_layer_skip",
+]
+
+
+@pytest.fixture(scope="module")
+def drafters(noisy_draft, small_draft):
+    return _drafters(noisy_draft, small_draft)
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    return specjax.generate(target, PROMPTS, max_new_tokens=NEW)
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 8])
+@pytest.mark.parametrize("name", DRAFTER_NAMES)
+def test_greedy_equals_plain_greedy(target, drafters, plain, name, k):
+    out = specjax.speculative_generate(target, drafters[name], PROMPTS, num_speculative_tokens=k, max_new_tokens=NEW)
+    assert out.tokens == plain.tokens
+    s = out.stats
+    assert s.drafted_tokens == k * s.rounds
+    assert s.rounds <= s.generated_tokens <= (k + 1) * s.rounds
+    assert s.drafter["kind"] == drafters[name].name
+
+
+@pytest.mark.parametrize("name", DRAFTER_NAMES)
+def test_drafters_are_partially_accepted(target, drafters, name):
+    """The equality tests must exercise both acceptances and rejections for every drafter."""
+    out = specjax.speculative_generate(target, drafters[name], PROMPTS, num_speculative_tokens=3, max_new_tokens=NEW)
+    assert 0.0 < out.stats.acceptance_rate < 1.0
+
+
+@pytest.mark.parametrize("name", DRAFTER_NAMES)
+def test_eos_cuts_rows_at_different_rounds(target, drafters, name):
+    """An EOS that some rows emit early and others never: each row stops on its own."""
+    plain = specjax.generate(target, PROMPTS, max_new_tokens=NEW)
+    counts = {}
+    for row in plain.tokens:
+        for t in set(row[2:12]):
+            counts[t] = counts.get(t, 0) + 1
+    eos = max(counts, key=lambda t: (0 < counts[t] < len(PROMPTS), counts[t]))
+    expected = specjax.generate(target, PROMPTS, max_new_tokens=NEW, eos_token_id=eos)
+    lengths = {len(t) for t in expected.tokens}
+    assert len(lengths) > 1 and min(lengths) < NEW, "the EOS must cut some rows and not others"
+    out = specjax.speculative_generate(
+        target, drafters[name], PROMPTS, num_speculative_tokens=4, max_new_tokens=NEW, eos_token_id=eos
+    )
+    assert out.tokens == expected.tokens
+
+
+@pytest.mark.parametrize("name", ["prompt_lookup", "layer_skip", "lookup_then_model"])
+def test_batched_equals_per_row(target, drafters, name):
+    batched = specjax.speculative_generate(target, drafters[name], PROMPTS, num_speculative_tokens=3, max_new_tokens=16)
+    for prompt, tokens in zip(PROMPTS, batched.tokens, strict=True):
+        alone = specjax.speculative_generate(
+            target, drafters[name], [prompt], num_speculative_tokens=3, max_new_tokens=16
+        )
+        assert alone.tokens == [tokens]
+
+
+def test_stepping_rounds_with_a_drafter(target, plain):
+    lookup = specjax.PromptLookup()
+    state = specjax.init_speculative_state(target, lookup, PROMPTS, num_speculative_tokens=3, max_new_tokens=NEW)
+    while not bool(state.done.all()):
+        state = specjax.speculative_step(target, lookup, state)
+    out = specjax.state_output(state)
+    assert out.tokens == plain.tokens
+    assert out.stats.drafter["no_match_rounds"] > 0
+
+
+def test_stepping_with_another_drafter_is_an_error(target, small_draft):
+    state = specjax.init_speculative_state(target, specjax.PromptLookup(), PROMPTS, num_speculative_tokens=3)
+    with pytest.raises(ValueError, match="initialised with drafter"):
+        specjax.speculative_step(target, specjax.DraftModel(small_draft), state)
+
+
+def test_no_match_rounds_are_counted(target):
+    """Distinct prompt tokens and K=1: the first round of every row has nothing to match."""
+    prompts = [[1, 2, 3], [4, 5, 6, 7]]
+    out = specjax.speculative_generate(
+        target, specjax.PromptLookup(), prompts, num_speculative_tokens=1, max_new_tokens=1
+    )
+    assert out.stats.drafter == {"kind": "prompt_lookup", "no_match_rounds": 2}
+
+
+def test_layer_skip_and_draft_model_errors(target, small_draft):
+    with pytest.raises(
+        ValueError, match=r"LayerSkip\(layers=2\) needs 0 < layers < the target's num_hidden_layers \(2\)"
+    ):
+        specjax.speculative_generate(target, specjax.LayerSkip(layers=2), PROMPTS)
+    other_vocab = specjax.init_model(TARGET_CONFIG.replace(vocab_size=40), 0)
+    with pytest.raises(ValueError, match="share a vocabulary"):
+        specjax.speculative_generate(target, other_vocab, PROMPTS)
+    with pytest.raises(ValueError, match="min_ngram <= max_ngram"):
+        specjax.PromptLookup(max_ngram=1, min_ngram=2)
+    with pytest.raises(TypeError, match="Model or a Drafter"):
+        specjax.speculative_generate(target, "stdlib-draft", PROMPTS)
+
+
+def test_model_drafter_behind_another_catches_up_k_plus_1_tokens(target):
+    """After another drafter's K tokens and the bonus were accepted, a draft model that has
+    seen none of them must catch up K + 1 tokens. With the target itself as the draft, a
+    correct catch-up proposes exactly the target's greedy continuation; the width-2
+    catch-up of a lone draft model (the negative control) reads stale slots and does not."""
+    k = 3
+    prompt = [1, 2, 3, 4, 5]
+    continuation = specjax.generate(target, [prompt], max_new_tokens=2 * k + 1).tokens[0]
+    state = specjax.init_speculative_state(target, target, [prompt], num_speculative_tokens=k, max_new_tokens=16)
+    committed = prompt + continuation[: k + 1]
+    ctx = DraftContext(
+        tokens=state.tokens.at[0, : len(committed)].set(jnp.asarray(committed)),
+        lengths=jnp.asarray([len(committed)], jnp.int32),
+        prompt_lengths=state.prompt_lengths,
+        done=state.done,
+        target_params=target.params,
+        target=target.config,
+        num_speculative_tokens=k,
+        sampling=specjax.SamplingConfig(),
+    )
+    expected = continuation[k + 1 :]
+    for drafter, catches_up in (
+        (specjax.DraftModel(target).tolerating_lag(k + 1), True),
+        (specjax.DraftModel(target), False),
+    ):
+        proposal, _ = jax.jit(drafter.propose)(target.params, state.draft_state, ctx, jax.random.key(0))
+        assert (np.asarray(proposal.tokens)[0].tolist() == expected) == catches_up
+
+
+def test_layer_skip_reads_the_targets_params_without_copies(target):
+    """Two targets with different weights but one config share the compiled program, and
+    the draft follows each target's own weights (its layers are never baked in)."""
+    other = scaled_model(TARGET_CONFIG, seed=7)
+    for model in (target, other):
+        out = specjax.speculative_generate(model, specjax.LayerSkip(1), PROMPTS, num_speculative_tokens=3)
+        assert out.tokens == specjax.generate(model, PROMPTS).tokens
+
+
+# --- Sampling: two-sample tests against plain sampling ------------------------------------
+
+VOCAB8 = TARGET_CONFIG.replace(vocab_size=8)
+SAMPLE_PROMPT = [1, 2, 3, 1, 2]  # lookup proposes [3, 1, 2, ...] on the first round
+SAMPLES = 6000
+SAMPLINGS = {"t1": dict(temperature=1.0), "t0.7_topk5_topp0.9": dict(temperature=0.7, top_k=5, top_p=0.9)}
+
+
+def two_sample_p_value(a: np.ndarray, b: np.ndarray) -> float:
+    """Chi-square test of homogeneity of two samples of integer outcomes (cells pooled below 5)."""
+    cells = max(a.max(), b.max()) + 1
+    table = np.stack([np.bincount(a, minlength=cells), np.bincount(b, minlength=cells)]).astype(np.float64)
+    table = table[:, table.sum(axis=0) > 0]
+    expected_small = table.sum(axis=0) * min(len(a), len(b)) / (len(a) + len(b)) < 5
+    if expected_small.any():
+        table = np.concatenate([table[:, ~expected_small], table[:, expected_small].sum(axis=1, keepdims=True)], axis=1)
+    if table.shape[1] < 2:
+        return 1.0
+    return float(scipy_stats.chi2_contingency(table).pvalue)
+
+
+@pytest.fixture(scope="module")
+def pair8():
+    target = scaled_model(VOCAB8.replace(num_hidden_layers=3), seed=0, scale=6.0)
+    draft = scaled_model(VOCAB8.replace(num_hidden_layers=1), seed=5, scale=6.0)
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def plain_samples(pair8):
+    target, _ = pair8
+    samples = {}
+    for name, kwargs in SAMPLINGS.items():
+        out = specjax.generate(target, [SAMPLE_PROMPT] * SAMPLES, max_new_tokens=3, seed=11, **kwargs)
+        samples[name] = np.asarray(out.tokens)
+    return samples
+
+
+def _joint(tokens: np.ndarray) -> np.ndarray:
+    return (tokens[:, 0] * 8 + tokens[:, 1]) * 8 + tokens[:, 2]
+
+
+@pytest.mark.parametrize("rule_name", ["exact", "always_accept"])
+@pytest.mark.parametrize("sampling_name", sorted(SAMPLINGS))
+@pytest.mark.parametrize("name", ["prompt_lookup", "layer_skip", "lookup_then_model"])
+def test_sampling_matches_plain_sampling(pair8, plain_samples, name, sampling_name, rule_name):
+    target, draft = pair8
+    drafter = {
+        "prompt_lookup": specjax.PromptLookup(),
+        "layer_skip": specjax.LayerSkip(layers=1),
+        "lookup_then_model": specjax.Fallback(specjax.PromptLookup(max_ngram=2), specjax.DraftModel(draft)),
+    }[name]
+    out = specjax.speculative_generate(
+        target,
+        drafter,
+        [SAMPLE_PROMPT] * SAMPLES,
+        num_speculative_tokens=2,
+        max_new_tokens=3,
+        seed=1,
+        rule=None if rule_name == "exact" else always_accept_rule,
+        **SAMPLINGS[sampling_name],
+    )
+    p_value = two_sample_p_value(_joint(np.asarray(out.tokens)), _joint(plain_samples[sampling_name]))
+    if rule_name == "exact":
+        assert p_value > 1e-3
+        assert 0.0 < out.stats.acceptance_rate < 1.0
+    else:
+        assert p_value < 1e-8
