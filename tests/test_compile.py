@@ -92,3 +92,23 @@ def test_prepared_calls_time_one_program_for_every_token_budget(target, noisy_dr
         assert len(_generation_compiles(compiles)) == before
     with pytest.raises(ValueError, match=r"max_new_tokens must lie in \[1, 24\]"):
         prepared.launch(25)
+
+
+def test_drafters_with_other_weights_share_one_program(target, noisy_draft, small_draft, compiles):
+    """A drafter is keyed by its configuration, never by its weights: two draft models of
+    one config, or a layer skip over two targets of one config, reuse the program; another
+    drafter configuration compiles anew."""
+    kwargs = dict(num_speculative_tokens=3, max_new_tokens=12)
+    other_draft = specjax.Model(noisy_draft.config, jax.tree.map(lambda x: x * 0.5, noisy_draft.params))
+    other_target = specjax.Model(target.config, jax.tree.map(lambda x: x * 0.9, target.params))
+    specjax.speculative_generate(target, noisy_draft, RAGGED_PROMPTS, **kwargs)
+    specjax.speculative_generate(target, other_draft, RAGGED_PROMPTS, **kwargs)
+    assert len(_generation_compiles(compiles)) == 1
+    specjax.speculative_generate(target, specjax.LayerSkip(1), RAGGED_PROMPTS, **kwargs)
+    specjax.speculative_generate(other_target, specjax.LayerSkip(1), RAGGED_PROMPTS, **kwargs)
+    assert len(_generation_compiles(compiles)) == 2
+    specjax.speculative_generate(target, specjax.PromptLookup(max_ngram=2), RAGGED_PROMPTS, **kwargs)
+    specjax.speculative_generate(target, specjax.PromptLookup(max_ngram=2), [p[::-1] for p in RAGGED_PROMPTS], **kwargs)
+    assert len(_generation_compiles(compiles)) == 3
+    specjax.speculative_generate(target, specjax.PromptLookup(max_ngram=3), RAGGED_PROMPTS, **kwargs)
+    assert len(_generation_compiles(compiles)) == 4
