@@ -6,6 +6,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+# Chosen by measurement (scripts/attention_blocks.py, README "Attention over the filled
+# cache"): large enough that the per-block loop overhead vanishes, small enough that a
+# short fill in a long cache reads little beyond it.
+DEFAULT_BLOCK_SIZE = 256
+
 
 @struct.dataclass
 class KVCache:
@@ -21,6 +26,9 @@ class KVCache:
     k: jax.Array  # [layers, B, S, n_kv, d_head]
     v: jax.Array  # [layers, B, S, n_kv, d_head]
     lengths: jax.Array  # [B] int32: slots 0..lengths-1 hold K/V of the committed sequence
+    # Attention reads the cache in blocks of this many slots, and only the blocks below the
+    # highest query position (models/attention.py): cost follows the fill, not S.
+    block_size: int = struct.field(pytree_node=False, default=DEFAULT_BLOCK_SIZE)
 
     @property
     def max_length(self) -> int:
@@ -35,8 +43,12 @@ class KVCache:
         return self.k.nbytes + self.v.nbytes
 
 
-def init_cache(config, batch_size: int, max_length: int) -> KVCache:
-    """An empty cache for `config` (a ModelConfig): `max_length` slots per row."""
+def init_cache(config, batch_size: int, max_length: int, dtype=None, block_size: int = DEFAULT_BLOCK_SIZE) -> KVCache:
+    """An empty cache for `config` (a ModelConfig): `max_length` slots per row.
+
+    dtype: the K/V storage dtype (default: the params' dtype). A narrower cache (bfloat16
+    for float32 params) halves the bytes attention reads; K/V are cast on write and read.
+    """
     shape = (
         config.num_hidden_layers,
         batch_size,
@@ -44,9 +56,12 @@ def init_cache(config, batch_size: int, max_length: int) -> KVCache:
         config.num_key_value_heads,
         config.resolved_head_dim,
     )
-    dtype = jnp.dtype(config.dtype)
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    dtype = jnp.dtype(config.dtype if dtype is None else dtype)
     return KVCache(
         k=jnp.zeros(shape, dtype),
         v=jnp.zeros(shape, dtype),
         lengths=jnp.zeros((batch_size,), jnp.int32),
+        block_size=block_size,
     )

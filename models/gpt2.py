@@ -12,9 +12,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from .attention import attend
 from .cache import KVCache
 from .config import ModelConfig
-from .llama import Block, attend, decode
+from .llama import Block, decode
 
 _init = nnx.initializers.normal(stddev=0.02)
 

@@ -3,7 +3,8 @@
 The module is only ever used functionally, through `specjax.models.forward`, which
 merges a cached graph definition with a plain params pytree, so the same code serves
 prefill (T = prompt length), drafting (T = 1 or 2) and verification (T = K + 1), for the
-draft and for the target. `attend` is the cache write + attention every family shares.
+draft and for the target. `attend` (attention.py) is the cache write + attention every
+family shares.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from .attention import attend
 from .cache import KVCache
 from .config import ModelConfig
 
@@ -43,34 +45,6 @@ def rotary(x, positions, theta: float):
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return rotated.astype(x.dtype)
-
-
-def attend(q, k, v, positions, cache: KVCache, layer: int):
-    """Write k, v at their positions in `cache`, then attend causally by absolute position.
-
-    q: [B, T, H, d_head]; k, v: [B, T, n_kv, d_head]; positions: [B, T].
-    Returns (out [B, T, H, d_head], cache with this layer written).
-    """
-    # One scatter per tensor; indices past the cache end are dropped, and callers
-    # guarantee they never occur.
-    rows = jnp.arange(q.shape[0])[:, None]  # [B, 1]
-    cache_k = cache.k.at[layer, rows, positions].set(k, mode="drop")
-    cache_v = cache.v.at[layer, rows, positions].set(v, mode="drop")
-    keys, values = cache_k[layer], cache_v[layer]  # [B, S, n_kv, d_head]
-
-    # Grouped-query attention: the H query heads are n_kv groups of G heads.
-    b, t, h, hd = q.shape
-    n_kv = keys.shape[2]
-    q = q.reshape(b, t, n_kv, h // n_kv, hd)
-    scores = jnp.einsum("btngk,bsnk->bngts", q, keys).astype(jnp.float32) / jnp.sqrt(hd)
-    # Causal mask by absolute position: slot s is visible to a query at position p iff
-    # s <= p. Slots beyond the committed sequence are stale and always masked.
-    slots = jnp.arange(keys.shape[1])
-    visible = slots[None, None, :] <= positions[:, :, None]  # [B, T, S]
-    scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
-    weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-    out = jnp.einsum("bngts,bsnk->btngk", weights, values).reshape(b, t, h, hd)
-    return out, cache.replace(k=cache_k, v=cache_v)
 
 
 class Attention(nnx.Module):

@@ -13,6 +13,7 @@ The tree shows the architecture:
 from specjax.drafters import DraftContext, Drafter, DraftModel, Fallback, LayerSkip, PromptLookup, Proposal
 from specjax.engine.acceptance import AcceptanceRule, greedy_rule, rejection_sampling_rule
 from specjax.engine.decode import DecodeState, generate, prepare_generate
+from specjax.engine.loop import CacheConfig
 from specjax.engine.output import GenerationOutput, GenerationStats, PreparedGeneration
 from specjax.engine.sampling import SamplingConfig, probabilities
 from specjax.engine.speculative import (
@@ -32,6 +33,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AcceptanceRule",
+    "CacheConfig",
     "DecodeState",
     "DraftContext",
     "DraftModel",

@@ -26,6 +26,7 @@ from typing import Any
 import jax
 from flax import struct
 
+from specjax.engine.loop import DEFAULT_CACHE, CacheConfig
 from specjax.engine.sampling import SamplingConfig
 from specjax.models import ModelConfig
 
@@ -46,6 +47,7 @@ class DraftContext:
     target: ModelConfig = struct.field(pytree_node=False)
     num_speculative_tokens: int = struct.field(pytree_node=False)
     sampling: SamplingConfig = struct.field(pytree_node=False)
+    cache: CacheConfig = struct.field(pytree_node=False, default=DEFAULT_CACHE)  # layout of any cache it keeps
 
 
 @struct.dataclass

@@ -108,7 +108,7 @@ class DraftModel(Drafter):
         check_vocabulary(self.config, target_config)
 
     def init(self, weights, ctx: DraftContext, prompt, cache_length: int) -> ModelDraftState:
-        return ModelDraftState(cache=prefill(self.config, weights, prompt, ctx.lengths, cache_length))
+        return ModelDraftState(cache=prefill(self.config, weights, prompt, ctx.lengths, cache_length, ctx.cache))
 
     def propose(self, weights, state: ModelDraftState, ctx: DraftContext, key):
         proposal, cache = propose_autoregressive(self.config, weights, state.cache, ctx, key, self.catch_up)

@@ -60,7 +60,7 @@ class LayerSkip(Drafter):
 
     def init(self, weights, ctx: DraftContext, prompt, cache_length: int) -> LayerSkipState:
         config, params = early_exit(ctx.target, ctx.target_params, self.layers)
-        return LayerSkipState(cache=prefill(config, params, prompt, ctx.lengths, cache_length))
+        return LayerSkipState(cache=prefill(config, params, prompt, ctx.lengths, cache_length, ctx.cache))
 
     def propose(self, weights, state: LayerSkipState, ctx: DraftContext, key):
         config, params = early_exit(ctx.target, ctx.target_params, self.layers)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax.engine.loop import commit, gather_tokens, prefill, token_buffer
+from specjax.engine.loop import DEFAULT_CACHE, CacheConfig, commit, gather_tokens, prefill, token_buffer
 from specjax.engine.output import GenerationOutput, PreparedGeneration, collect_output
 from specjax.engine.prompts import prepare_prompts
 from specjax.engine.sampling import SamplingConfig, select
@@ -58,7 +58,9 @@ def decode_step(config: ModelConfig, sampling: SamplingConfig, params, state: De
     )
 
 
-def init_state(params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, config, cache_length) -> DecodeState:
+def init_state(
+    params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, config, cache_length, cache=DEFAULT_CACHE
+) -> DecodeState:
     """Prefill the cache and return the state before the first step."""
     batch = prompt.shape[0]
     return DecodeState(
@@ -66,7 +68,7 @@ def init_state(params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng
         lengths=prompt_lengths,
         prompt_lengths=prompt_lengths,
         done=jnp.zeros((batch,), bool),
-        cache=prefill(config, params, prompt, prompt_lengths, cache_length),
+        cache=prefill(config, params, prompt, prompt_lengths, cache_length, cache),
         rng=rng,
         max_new_tokens=max_new_tokens,
         eos_token_id=eos_token_id,
@@ -75,9 +77,11 @@ def init_state(params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng
     )
 
 
-@functools.partial(jax.jit, static_argnames=("config", "sampling", "cache_length"))
-def _generate(params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, *, config, sampling, cache_length):
-    state = init_state(params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, config, cache_length)
+@functools.partial(jax.jit, static_argnames=("config", "sampling", "cache_length", "cache"))
+def _generate(
+    params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, *, config, sampling, cache_length, cache
+):
+    state = init_state(params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, config, cache_length, cache)
 
     def cond_fn(state):
         return ~jnp.all(state.done)
@@ -97,6 +101,7 @@ def prepare_generate(
     top_p: float | None = None,
     seed: int = 0,
     eos_token_id: int | None = None,
+    cache_config: CacheConfig | None = None,
 ) -> PreparedGeneration:
     """Check and pad the inputs of `generate` once; run them (repeatedly) later.
 
@@ -117,6 +122,7 @@ def prepare_generate(
             config=model.config,
             sampling=sampling,
             cache_length=batch.cache_length,
+            cache=cache_config or DEFAULT_CACHE,
         )
 
     def collect(state: DecodeState) -> GenerationOutput:
@@ -144,10 +150,13 @@ def generate(
     top_p: float | None = None,
     seed: int = 0,
     eos_token_id: int | None = None,
+    cache_config: CacheConfig | None = None,
 ) -> GenerationOutput:
     """Plain decoding of a ragged batch in one jitted loop.
 
     `prompts` is a list of token-id lists, or of strings when the model has a tokenizer
     (then `out.text` holds the decoded continuations).
     """
-    return prepare_generate(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id).run()
+    return prepare_generate(
+        model, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, cache_config
+    ).run()

@@ -2,23 +2,77 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import jax
 import jax.numpy as jnp
 
 from specjax.models import KVCache, ModelConfig, forward, init_cache
+from specjax.models.cache import DEFAULT_BLOCK_SIZE
 
 
-def prefill(config: ModelConfig, params, prompt, prompt_lengths, cache_length: int) -> KVCache:
+@dataclasses.dataclass(frozen=True)
+class CacheConfig:
+    """How a generation lays out and fills its KV caches (static: part of the jit key).
+
+    dtype: K/V storage dtype, e.g. "bfloat16" for float32 params (half the bytes attention
+      reads); None stores each model's params dtype.
+    block_size: attention reads the cache in blocks of this many slots, and only the
+      blocks below the highest position of a forward (models/attention.py).
+    prefill_chunk: prompts longer than this are prefilled in chunks of this many tokens,
+      one compiled chunk reused, so memory stays bounded for any prompt length.
+    """
+
+    dtype: str | None = None
+    block_size: int = DEFAULT_BLOCK_SIZE
+    prefill_chunk: int = 512
+
+    def __post_init__(self):
+        if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"CacheConfig.dtype must be float32, bfloat16, float16 or None, got {self.dtype!r}")
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ValueError(f"CacheConfig.block_size must be an integer >= 1, got {self.block_size!r}")
+        if not isinstance(self.prefill_chunk, int) or self.prefill_chunk < 1:
+            raise ValueError(f"CacheConfig.prefill_chunk must be an integer >= 1, got {self.prefill_chunk!r}")
+
+
+DEFAULT_CACHE = CacheConfig()
+
+
+def prefill(
+    config: ModelConfig, params, prompt, prompt_lengths, cache_length: int, cache: CacheConfig = DEFAULT_CACHE
+) -> KVCache:
     """Write the K/V of right-padded prompts [B, T_bucket] into a fresh cache.
 
     Padding slots (>= a row's prompt length) receive garbage K/V; they lie beyond every
     query of the next forward and are overwritten before any query can see them. The
-    logits are not needed: each step re-feeds the last committed token, so the first
-    step's forward yields the first next-token distribution.
+    logits are not needed (XLA drops the LM head): each step re-feeds the last committed
+    token, so the first step's forward yields the first next-token distribution.
+
+    A prompt longer than `cache.prefill_chunk` is fed in chunks of that width, in a
+    `fori_loop` over the chunks below the longest prompt: each chunk attends to the cache
+    written so far plus itself, so memory is O(chunk x block), not O(T x S). When the
+    chunk does not divide T the last one starts at T - chunk and rewrites a few slots
+    with the K/V they already hold.
     """
     b, t = prompt.shape
-    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    _, cache = forward(config, params, prompt, positions, init_cache(config, b, cache_length))
-    return cache.replace(lengths=prompt_lengths)
+    kv = init_cache(config, b, cache_length, dtype=cache.dtype, block_size=cache.block_size)
+    if t <= cache.prefill_chunk:
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        _, kv = forward(config, params, prompt, positions, kv)
+        return kv.replace(lengths=prompt_lengths)
+    chunk = cache.prefill_chunk
+
+    def body_fn(i, kv):
+        start = jnp.minimum(i * chunk, t - chunk)
+        tokens = jax.lax.dynamic_slice_in_dim(prompt, start, chunk, axis=1)  # [B, chunk]
+        positions = jnp.broadcast_to(start + jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
+        _, kv = forward(config, params, tokens, positions, kv)
+        return kv
+
+    num_chunks = (jnp.max(prompt_lengths) + chunk - 1) // chunk
+    kv = jax.lax.fori_loop(0, num_chunks, body_fn, kv)
+    return kv.replace(lengths=prompt_lengths)
 
 
 def token_buffer(prompt, cache_length: int):

@@ -21,7 +21,7 @@ from flax import struct
 
 from specjax.drafters import DraftContext, Drafter, as_drafter
 from specjax.engine.acceptance import AcceptanceRule, default_rule
-from specjax.engine.loop import commit, gather_tokens, prefill, token_buffer
+from specjax.engine.loop import DEFAULT_CACHE, CacheConfig, commit, gather_tokens, prefill, token_buffer
 from specjax.engine.output import GenerationOutput, PreparedGeneration, collect_output
 from specjax.engine.prompts import prepare_prompts
 from specjax.engine.sampling import SamplingConfig, probabilities
@@ -38,6 +38,7 @@ class SpecPlan:
     num_speculative_tokens: int
     sampling: SamplingConfig
     rule: AcceptanceRule
+    cache: CacheConfig = DEFAULT_CACHE
 
 
 @struct.dataclass
@@ -70,6 +71,7 @@ def _context(state: SpecState, target_params) -> DraftContext:
         target=plan.target,
         num_speculative_tokens=plan.num_speculative_tokens,
         sampling=plan.sampling,
+        cache=plan.cache,
     )
 
 
@@ -132,7 +134,7 @@ def init_state(
         lengths=prompt_lengths,
         prompt_lengths=prompt_lengths,
         done=jnp.zeros((batch,), bool),
-        target_cache=prefill(plan.target, target_params, prompt, prompt_lengths, cache_length),
+        target_cache=prefill(plan.target, target_params, prompt, prompt_lengths, cache_length, plan.cache),
         draft_state=None,
         rng=rng,
         max_new_tokens=max_new_tokens,
@@ -175,7 +177,9 @@ def _generate(
     return jax.lax.while_loop(cond_fn, body_fn, state)
 
 
-def _prepare(target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule):
+def _prepare(
+    target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule, cache_config
+):
     """(prompt batch, plan, the drafter's weights) after checking every argument."""
     sampling = SamplingConfig(temperature, top_k, top_p)
     if not isinstance(num_speculative_tokens, int | np.integer) or num_speculative_tokens < 1:
@@ -189,6 +193,7 @@ def _prepare(target, draft, prompts, num_speculative_tokens, max_new_tokens, tem
         num_speculative_tokens=int(num_speculative_tokens),
         sampling=sampling,
         rule=rule or default_rule(sampling),
+        cache=cache_config or DEFAULT_CACHE,
     )
     return batch, plan, drafter.weights()
 
@@ -205,6 +210,7 @@ def init_speculative_state(
     seed: int = 0,
     eos_token_id: int | None = None,
     rule: AcceptanceRule | None = None,
+    cache_config: CacheConfig | None = None,
 ) -> SpecState:
     """Prefill both models and return the state before the first round.
 
@@ -212,7 +218,7 @@ def init_speculative_state(
     what `speculative_generate` does inside one compiled while loop.
     """
     batch, plan, weights = _prepare(
-        target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule
+        target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule, cache_config
     )
     prompt, prompt_lengths, eos, rng = batch.loop_inputs(eos_token_id, seed)
     return _jit_init_state(
@@ -271,10 +277,11 @@ def prepare_speculative_generate(
     seed: int = 0,
     eos_token_id: int | None = None,
     rule: AcceptanceRule | None = None,
+    cache_config: CacheConfig | None = None,
 ) -> PreparedGeneration:
     """Check and pad the inputs of `speculative_generate` once; run them (repeatedly) later."""
     batch, plan, weights = _prepare(
-        target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule
+        target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule, cache_config
     )
     prompt, prompt_lengths, eos, rng = batch.loop_inputs(eos_token_id, seed)
 
@@ -313,6 +320,7 @@ def speculative_generate(
     seed: int = 0,
     eos_token_id: int | None = None,
     rule: AcceptanceRule | None = None,
+    cache_config: CacheConfig | None = None,
 ) -> GenerationOutput:
     """Speculative decoding of a ragged batch with `draft` proposing for `target`.
 
@@ -335,4 +343,5 @@ def speculative_generate(
         seed,
         eos_token_id,
         rule,
+        cache_config,
     ).run()

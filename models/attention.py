@@ -1,0 +1,94 @@
+"""Cache write + causal attention by absolute position, shared by every model family.
+
+Two paths compute the same thing:
+  full:      scores against all S cache slots at once, masked (caches of one block or less);
+  blockwise: the cache in fixed blocks of `cache.block_size` slots, an online softmax
+             (flash-decoding) over them, and a `fori_loop` whose trip count is the number
+             of blocks below the highest query position of the call. Slots past that
+             position are never read, so a forward costs what is filled, not what was
+             preallocated, and the shapes stay static (one block is the unit of work).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .cache import KVCache
+
+
+def attend(q, k, v, positions, cache: KVCache, layer: int):
+    """Write k, v at their positions in `cache`, then attend causally by absolute position.
+
+    q: [B, T, H, d_head]; k, v: [B, T, n_kv, d_head]; positions: [B, T].
+    Returns (out [B, T, H, d_head] in q's dtype, cache with this layer written).
+    """
+    # One scatter per tensor; indices past the cache end are dropped, and callers
+    # guarantee they never occur. The cache may hold a narrower dtype than the params.
+    rows = jnp.arange(q.shape[0])[:, None]  # [B, 1]
+    cache_k = cache.k.at[layer, rows, positions].set(k.astype(cache.k.dtype), mode="drop")
+    cache_v = cache.v.at[layer, rows, positions].set(v.astype(cache.v.dtype), mode="drop")
+    cache = cache.replace(k=cache_k, v=cache_v)
+
+    # Grouped-query attention: the H query heads are n_kv groups of G heads.
+    b, t, h, hd = q.shape
+    n_kv = cache_k.shape[3]
+    q = q.reshape(b, t, n_kv, h // n_kv, hd)  # [B, T, n_kv, G, d_head]
+    if cache.max_length <= cache.block_size:
+        out = _full(q, cache_k[layer], cache_v[layer], positions)
+    else:
+        out = _blockwise(q, cache_k, cache_v, layer, positions, cache.block_size)
+    return out.reshape(b, t, h, hd).astype(q.dtype), cache
+
+
+def _full(q, keys, values, positions):
+    """q [B, T, n_kv, G, d]; keys, values [B, S, n_kv, d] -> [B, T, n_kv, G, d]."""
+    scores = jnp.einsum("btngk,bsnk->bngts", q, keys.astype(q.dtype)).astype(jnp.float32) / jnp.sqrt(q.shape[-1])
+    # Slot s is visible to a query at position p iff s <= p. Slots beyond the committed
+    # sequence are stale and always masked.
+    slots = jnp.arange(keys.shape[1])
+    visible = slots[None, None, :] <= positions[:, :, None]  # [B, T, S]
+    scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
+    weights = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    return jnp.einsum("bngts,bsnk->btngk", weights, values.astype(q.dtype))
+
+
+def _blockwise(q, cache_k, cache_v, layer: int, positions, block: int):
+    """Online softmax over cache blocks below max(positions) + 1.
+
+    q [B, T, n_kv, G, d]; cache_k, cache_v [layers, B, S, n_kv, d] -> [B, T, n_kv, G, d].
+    """
+    b, t, n_kv, g, hd = q.shape
+    s = cache_k.shape[2]
+    # Blocks holding any slot a query may see; the last block of a cache whose length is
+    # not a multiple of `block` is read from s - block, and slots an earlier block already
+    # covered are masked out of it.
+    num_blocks = jnp.minimum(jnp.max(positions) // block + 1, -(-s // block))
+
+    def body_fn(i, carry):
+        running_max, total, acc = carry  # [B, n_kv, G, T], [B, n_kv, G, T], [B, T, n_kv, G, d] f32
+        start = jnp.minimum(i * block, s - block)
+        keys = jax.lax.dynamic_slice(cache_k, (layer, 0, start, 0, 0), (1, b, block, n_kv, hd))[0]
+        values = jax.lax.dynamic_slice(cache_v, (layer, 0, start, 0, 0), (1, b, block, n_kv, hd))[0]
+        scores = jnp.einsum("btngk,bsnk->bngts", q, keys.astype(q.dtype)).astype(jnp.float32) / jnp.sqrt(hd)
+        slots = start + jnp.arange(block)
+        visible = (slots[None, None, :] <= positions[:, :, None]) & (slots >= i * block)  # [B, T, block]
+        scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
+        new_max = jnp.maximum(running_max, jnp.max(scores, axis=-1))
+        # A row that sees nothing yet keeps max -inf; subtracting 0 then leaves exp(-inf) = 0.
+        shift = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
+        weights = jnp.exp(scores - shift[..., None])  # [B, n_kv, G, T, block]
+        rescale = jnp.exp(running_max - shift)  # [B, n_kv, G, T]
+        total = total * rescale + jnp.sum(weights, axis=-1)
+        update = jnp.einsum("bngts,bsnk->btngk", weights.astype(q.dtype), values.astype(q.dtype))
+        acc = acc * jnp.transpose(rescale, (0, 3, 1, 2))[..., None] + update.astype(jnp.float32)
+        return new_max, total, acc
+
+    init = (
+        jnp.full((b, n_kv, g, t), -jnp.inf, jnp.float32),
+        jnp.zeros((b, n_kv, g, t), jnp.float32),
+        jnp.zeros((b, t, n_kv, g, hd), jnp.float32),
+    )
+    _, total, acc = jax.lax.fori_loop(0, num_blocks, body_fn, init)
+    # Every query sees at least its own slot, so total > 0.
+    return acc / jnp.transpose(total, (0, 3, 1, 2))[..., None]
