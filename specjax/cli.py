@@ -36,6 +36,7 @@ examples:
   specjax distill --config configs/distill_quick.yaml --out runs/distill_quick
   specjax bench --config configs/quick.yaml --out runs/bench_quick
   specjax bench --config configs/e3_k_sweep.yaml --out runs/e3 --set timing.repeats=9
+  specjax bench --config configs/e8_methods.yaml --out runs/e8
 """
 
 
@@ -218,9 +219,9 @@ def _distill(args) -> int:
 def _add_bench(subparsers) -> None:
     p = subparsers.add_parser(
         "bench",
-        help="run experiments E1-E7 (timing, acceptance, cost model) and write results with plots",
+        help="run experiments E1-E8 (timing, acceptance, cost model, drafting methods) and write results with plots",
         description="Run the experiments a BenchConfig lists (E1 tokens per round, E2 verify cost, E3 K sweep, "
-        "E4 batch sweep, E5 context sweep, E6 waste, E7 sampling) and write OUT/results.json, "
+        "E4 batch sweep, E5 context sweep, E6 waste, E7 sampling, E8 drafting methods) and write OUT/results.json, "
         "OUT/results.csv, one CSV and one PNG per experiment, and OUT/summary.md. Timings exclude "
         "compilation, are repeated, interleaved and reported as medians. See README 'Bench'.",
         formatter_class=_HelpFormatter,

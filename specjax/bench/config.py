@@ -1,15 +1,18 @@
-"""What `specjax bench` runs: one typed config, one section per experiment (E1-E7).
+"""What `specjax bench` runs: one typed config, one section per experiment (E1-E8).
 
 A model is named (an embedded model, a random preset or a local HF directory) or given
 as a `ModelConfig` mapping, which builds a random-weight model of that shape: cost does
 not depend on training, so cost experiments can run a 1B-parameter bf16 target that was
 never trained, while acceptance is always measured on the (trained) `target`/`draft` pair.
+`draft` may also be any drafter (see drafter_spec.py), e.g. {kind: prompt_lookup}.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from specjax.bench.drafter_spec import DrafterSpec, Raw, parse_draft
+from specjax.configs import from_dict
 from specjax.models import ModelConfig
 
 ModelSpec = str | ModelConfig
@@ -22,17 +25,29 @@ EXPERIMENTS = {
     "context_sweep": "E5",
     "waste": "E6",
     "sampling": "E7",
+    "methods": "E8",
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class Prompts:
-    """Held-out prompts from the stdlib corpus (see specjax.training.data.held_out_prompts)."""
+    """One prompt source: held-out prompts from the stdlib corpus (the default; see
+    specjax.training.data.held_out_prompts), or, when `file` is set, a JSONL or text file
+    (format: bench/prompts.py). `prompts:` may also be a list of sources."""
 
-    domain: str = "code"
-    count: int = 8
-    prompt_bytes: int = 96
-    split: str = "test"
+    domain: str = "code"  # corpus: "code" or "prose"
+    count: int | None = None  # corpus: how many (default 8); file: the first `count` (default all)
+    prompt_bytes: int = 96  # corpus: bytes per prompt
+    split: str = "test"  # corpus: held-out split
+    file: str | None = None  # a .jsonl or text file (relative to the working directory)
+    category: str | None = None  # default category (corpus: the domain; file: per line, else the file stem)
+    chat_template: bool = False  # wrap each prompt as a user turn with the tokenizer's chat template
+
+    def __post_init__(self):
+        if self.count is not None and self.count < 1:
+            raise ValueError(f"prompts.count must be >= 1, got {self.count}")
+        if self.category == "all":
+            raise ValueError('prompts.category "all" is reserved for the pooled rows')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,14 +124,61 @@ class SamplingCheck:
 
 
 @dataclasses.dataclass(frozen=True)
+class Method:
+    """One drafting method of E8: a label and a draft spec (None: the bench's `draft`)."""
+
+    name: str
+    draft: str | ModelConfig | DrafterSpec | Raw | None = None
+
+    def __post_init__(self):
+        if self.draft is not None:
+            object.__setattr__(self, "draft", parse_draft(self.draft, f"methods.drafters[name={self.name}].draft"))
+
+
+def _default_methods() -> list[Method]:
+    return [Method("draft"), Method("prompt lookup", DrafterSpec("prompt_lookup", max_ngram=3))]
+
+
+@dataclasses.dataclass(frozen=True)
+class Methods:
+    """E8: drafting methods on the same prompts, each against plain decoding measured beside it."""
+
+    drafters: list[Method] = dataclasses.field(default_factory=_default_methods)
+    num_speculative_tokens: int = 4
+    temperatures: list[float] = dataclasses.field(default_factory=lambda: [0.0, 1.0])
+    batch_size: int = 1
+
+    def __post_init__(self):
+        names = [m.name for m in self.drafters]
+        if not names or len(set(names)) != len(names) or "none" in names:
+            raise ValueError(
+                f"methods.drafters needs at least one method, with unique names other than 'none': {names}"
+            )
+
+
+def _parse_prompts(value) -> Prompts | list[Prompts]:
+    """A source or a list of sources; anything else fails with the error of the shape it resembles."""
+    if isinstance(value, Prompts) or (isinstance(value, list) and value and all(isinstance(p, Prompts) for p in value)):
+        return value
+    if isinstance(value, dict):
+        return from_dict(Prompts, value, "prompts")
+    if isinstance(value, list) and value:
+        return [
+            from_dict(Prompts, v, f"prompts[{i}]") if isinstance(v, dict) else _parse_prompts(v)
+            for i, v in enumerate(value)
+        ]
+    raise ValueError(f"prompts: expected a mapping (one source) or a non-empty list of them, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
 class BenchConfig:
     target: ModelSpec = "stdlib-target"
-    draft: ModelSpec = "stdlib-draft"
+    draft: str | ModelConfig | DrafterSpec | Raw = "stdlib-draft"  # a model, or any drafter mapping
     # Models for the cost experiments (E2, E4, E5) when they should differ from the pair,
     # e.g. a large random-weight target on a GPU; their predictions use the pair's acceptance.
     cost_target: ModelSpec | None = None
     cost_draft: ModelSpec | None = None
-    prompts: Prompts = Prompts()
+    prompts: Prompts | list[Prompts] | Raw = Prompts()
     max_new_tokens: int = 128
     seed: int = 0
     timing: Timing = Timing()
@@ -129,8 +191,11 @@ class BenchConfig:
     context_sweep: ContextSweep = ContextSweep()
     waste: Waste = Waste()
     sampling: SamplingCheck = SamplingCheck()
+    methods: Methods = Methods()
 
     def __post_init__(self):
+        object.__setattr__(self, "draft", parse_draft(self.draft, "draft"))
+        object.__setattr__(self, "prompts", _parse_prompts(self.prompts))
         unknown = [e for e in self.experiments if e not in EXPERIMENTS]
         if unknown:
             raise ValueError(f"unknown experiment {unknown[0]!r}; choose from {', '.join(EXPERIMENTS)}")
@@ -138,13 +203,19 @@ class BenchConfig:
             raise ValueError("timing.repeats and timing.warmup must be >= 1 (the warm-up call compiles)")
         ks = [*self.tokens_per_round.ks, *self.k_sweep.ks, *self.waste.ks, *self.sampling.ks]
         ks += [self.batch_sweep.num_speculative_tokens, self.context_sweep.num_speculative_tokens]
+        ks += [self.methods.num_speculative_tokens]
         if any(k < 1 for k in ks):
             raise ValueError(f"every num_speculative_tokens (K) must be >= 1, got {min(ks)}")
         sizes = [*self.verify_cost.batch_sizes, *self.batch_sweep.batch_sizes, self.k_sweep.batch_size]
+        sizes.append(self.methods.batch_size)
         if any(b < 1 for b in sizes) or any(w < 1 for w in self.verify_cost.widths):
             raise ValueError("batch sizes and verify widths must be >= 1")
         if self.max_new_tokens < 2:
             raise ValueError("max_new_tokens must be >= 2 (TPOT needs a token after the first)")
+
+    @property
+    def prompt_sources(self) -> list[Prompts]:
+        return [self.prompts] if isinstance(self.prompts, Prompts) else list(self.prompts)
 
     @property
     def max_k(self) -> int:

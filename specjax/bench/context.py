@@ -1,4 +1,4 @@
-"""What every experiment of one bench run shares: models, prompts, costs, acceptance.
+"""What every experiment of one bench run shares: models, drafters, prompts, costs, acceptance.
 
 Costs and acceptance profiles are memoised, so E3 and E4 reuse the forward timings and
 the acceptance that E1 measured, and each number in results.json is measured once.
@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import functools
 
-from specjax.models import ModelConfig
+import jax
 from tqdm.auto import tqdm
 
 from specjax.bench.config import BenchConfig, ModelSpec
 from specjax.bench.cost import CostTable, forward_estimate
-from specjax.bench.measure import RunSpec, Workload, acceptance, measure
+from specjax.bench.drafter_spec import DrafterSpec, DraftSpec, build_drafter, describe_spec
+from specjax.bench.loops import draft_model_of
+from specjax.bench.measure import DRAFT, POOLED, RunSpec, Workload, acceptance, measure
+from specjax.bench.prompts import load_prompts
 from specjax.bench.timing import matmul_flops, memory_bandwidth
+from specjax.drafters import Drafter, as_drafter
 from specjax.io.model import Model, init_model
 from specjax.io.presets import resolve_model
 from specjax.io.tokenizer import ByteTokenizer
-from specjax.training.data import held_out_prompts
+from specjax.models import ModelConfig
 
 
 def load_model(spec: ModelSpec, seed: int) -> Model:
@@ -35,53 +39,104 @@ def describe(model: Model, spec: ModelSpec | None) -> dict:
     return {"name": name, "parameters": model.num_parameters, "dtype": model.config.dtype, "config": vars(model.config)}
 
 
+def describe_drafter(drafter: Drafter, spec: DraftSpec | None) -> dict:
+    """A draft model as `describe` does; any other drafter by its kind and configuration."""
+    model = draft_model_of(drafter)
+    if model is not None and not isinstance(spec, DrafterSpec):  # a model name, shape or object
+        return {**describe(model, spec), "kind": drafter.name}
+    weights = jax.tree.leaves(drafter.weights())
+    return {
+        "name": describe_spec(spec) if spec is not None else f"{type(drafter).__name__} object (Python API)",
+        "kind": drafter.name,
+        "parameters": sum(int(w.size) for w in weights),  # its own weights (layer skip reads the target's)
+        "drafter": repr(drafter.without_weights()),
+    }
+
+
 class BenchContext:
-    def __init__(self, config: BenchConfig, target: Model | None = None, draft: Model | None = None, progress=True):
+    def __init__(
+        self, config: BenchConfig, target: Model | None = None, draft: Model | Drafter | None = None, progress=True
+    ):
         self.config = config
         self.progress = progress
         self._given_target, self._given_draft = target is not None, draft is not None
+        self._models: dict = {}  # name or ModelConfig -> Model: each model is loaded once
         self.target = target or load_model(config.target, config.seed)
-        self.draft = draft or load_model(config.draft, config.seed + 1)
+        self.draft = as_drafter(draft) if draft is not None else self.build_drafter(config.draft)
         self.cost_target = self.target if config.cost_target is None else load_model(config.cost_target, config.seed)
-        self.cost_draft = self.draft if config.cost_draft is None else load_model(config.cost_draft, config.seed + 1)
+        self.cost_draft = self.draft if config.cost_draft is None else as_drafter(self.load(config.cost_draft))
         if self.target.tokenizer is None:
-            raise ValueError("the bench's target needs a tokenizer to encode its held-out prompts")
-        p = config.prompts
-        encoded = [
-            self.target.tokenizer.encode(text) for text in held_out_prompts(p.domain, p.count, p.prompt_bytes, p.split)
-        ]
-        shortest = min(len(ids) for ids in encoded)  # one length, so one compiled program per spec
+            raise ValueError("the bench's target needs a tokenizer to encode its prompts")
+        self.method_drafters = self._methods() if "methods" in config.experiments else {}
+        for drafter in [self.draft, *self.method_drafters.values()]:  # fail now, not mid-run
+            drafter.check(self.target.config, config.max_k)
+        prompts = load_prompts(config.prompt_sources, self.target.tokenizer)
         self.workload = Workload(
-            self.target, self.draft, [ids[:shortest] for ids in encoded], config.max_new_tokens, config.seed
+            self.target, {DRAFT: self.draft}, prompts.tokens, prompts.categories, config.max_new_tokens, config.seed
         )
         self.costs = CostTable(config.timing.cost_inner, config.timing.repeats)
         self._acceptance: dict[tuple, dict] = {}
         self._machine: dict | None = None
 
+    def load(self, spec: ModelSpec) -> Model:
+        """A draft-side model, loaded once however many drafters use it."""
+        if spec not in self._models:
+            self._models[spec] = load_model(spec, self.config.seed + 1)
+        return self._models[spec]
+
+    def build_drafter(self, spec: DraftSpec) -> Drafter:
+        return build_drafter(spec, self.load)
+
+    def _methods(self) -> dict[str, Drafter]:
+        """E8's drafters by label (a method without a spec uses the bench's `draft`)."""
+        return {
+            m.name: self.draft if m.draft is None else self.build_drafter(m.draft) for m in self.config.methods.drafters
+        }
+
+    @property
+    def given_draft(self) -> bool:
+        """The draft came as a Python object, not from the config."""
+        return self._given_draft
+
+    @property
+    def categories(self) -> list[str]:
+        """Categories rows are reported for: POOLED, then each category when there are several."""
+        names = self.workload.category_names
+        return [POOLED, *names] if len(names) > 1 else [POOLED]
+
     @property
     def separate_cost_models(self) -> bool:
         return self.cost_target is not self.target or self.cost_draft is not self.draft
 
+    def cache_length(self, k: int) -> int:
+        """Cache slots of the longest prompt's generation at K: the context costs are timed at."""
+        spec = RunSpec("speculative", 1, k)
+        return self.workload.prepare(spec, [max(self.workload.prompts, key=len)]).cache_length
+
     @functools.cached_property
     def context(self) -> int:
         """Cache slots of the pair's generations: the context the cost model times forwards at."""
-        spec = RunSpec("speculative", 1, self.config.max_k)
-        return self.workload.prepare(spec, self.workload.prompts[:1]).cache_length
+        return self.cache_length(self.config.max_k)
 
-    def acceptance(self, k: int, temperature: float) -> dict:
+    def acceptance(self, k: int, temperature: float, category: str = POOLED) -> dict:
+        """Acceptance statistics of the bench's draft at K, of one category or pooled."""
         key = (k, temperature)
         if key not in self._acceptance:
             self._acceptance[key] = acceptance(self.workload, k, temperature)
-        return self._acceptance[key]
+        return self._acceptance[key][category]
 
-    def profile(self, temperature: float) -> list[float]:
+    def profile(self, temperature: float, category: str = POOLED) -> list[float]:
         """Per-position acceptance a_1..a_Kmax, measured once at the largest K of the config."""
-        return self.acceptance(self.config.max_k, temperature)["accepted_per_position"]
+        return self.acceptance(self.config.max_k, temperature, category)["accepted_per_position"]
 
     def acceptance_profiles(self) -> dict[str, list[float]]:
-        """The per-position profiles measured so far (at the largest K), by temperature."""
+        """The pooled per-position profiles measured so far (at the largest K), by temperature."""
         k_max = self.config.max_k
-        return {f"temperature={t}": s["accepted_per_position"] for (k, t), s in self._acceptance.items() if k == k_max}
+        return {
+            f"temperature={t}": s[POOLED]["accepted_per_position"]
+            for (k, t), s in self._acceptance.items()
+            if k == k_max
+        }
 
     @property
     def measured_machine(self) -> dict | None:
@@ -109,20 +164,22 @@ class BenchContext:
             estimate["flops"] / machine["matmul_flops_per_second"],
         )
 
-    def measure(self, specs: list[RunSpec], description: str) -> list[dict]:
+    def measure(self, specs: list[RunSpec], description: str, workload: Workload | None = None) -> list[dict]:
+        """Timed rows of `specs` (and their plain baselines) on `workload` (default: the bench's)."""
         timing = self.config.timing
         total = timing.repeats * len({*specs, *(s.plain for s in specs)})
         with tqdm(total=total, desc=description, disable=not self.progress, leave=False) as bar:
-            return measure(self.workload, specs, timing.repeats, timing.warmup, timing.tpot_target_ms, bar)
+            workload = workload or self.workload
+            return measure(workload, specs, timing.repeats, timing.warmup, timing.tpot_target_ms, bar)
 
     def models(self) -> dict:
         c = self.config
         given = {"target": self._given_target, "draft": self._given_draft}
         out = {
             "target": describe(self.target, None if given["target"] else c.target),
-            "draft": describe(self.draft, None if given["draft"] else c.draft),
+            "draft": describe_drafter(self.draft, None if given["draft"] else c.draft),
         }
         if self.separate_cost_models:
             out["cost_target"] = describe(self.cost_target, c.cost_target or c.target)
-            out["cost_draft"] = describe(self.cost_draft, c.cost_draft or c.draft)
+            out["cost_draft"] = describe_drafter(self.cost_draft, c.cost_draft or c.draft)
         return out

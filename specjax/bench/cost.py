@@ -15,17 +15,12 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from specjax.models import ModelConfig, forward, init_cache
 
+from specjax.bench.loops import draft_model_of, loop_call, loop_key
 from specjax.bench.timing import interleaved, median, timed
 from specjax.drafters import Drafter, as_drafter
-from specjax.engine.acceptance import greedy_rule
-from specjax.engine.decode import DecodeState, decode_step
-from specjax.engine.decode import init_state as decode_init
-from specjax.engine.sampling import SamplingConfig
-from specjax.engine.speculative import SpecPlan, SpecState, speculative_round
-from specjax.engine.speculative import init_state as spec_init
 from specjax.io.model import Model
+from specjax.models import ModelConfig, forward, init_cache
 
 # Tables read by gathering a few rows, not streamed whole through a matrix product.
 _LOOKUP_TABLES = ("embed", "position_embed")
@@ -57,8 +52,9 @@ def kv_cache_bytes(config: ModelConfig, batch: int, context: int) -> int:
 def forward_estimate(model: Model, batch: int, width: int, context: int) -> dict:
     """FLOPs, bytes moved and arithmetic intensity of one forward of [batch, width] tokens.
 
-    Attention here reads every slot of the static cache (masked), so its cost follows
-    the cache length `context`, not the number of filled slots.
+    Attention reads the cache up to the highest query position (models/attention.py); the
+    forwards timed beside this estimate sit at the end of a cache of `context` slots, so
+    it counts all `context` of them.
     """
     config = model.config
     tokens = batch * width
@@ -90,84 +86,59 @@ def _forwards(config: ModelConfig, params, tokens, cache, positions, inner: int)
     return jax.lax.fori_loop(0, inner, body_fn, (cache, jnp.zeros(tokens.shape[0], jnp.float32)))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "inner"), donate_argnums=1)
-def _decode_steps(params, state: DecodeState, config: ModelConfig, inner: int):
-    def body_fn(_, s):
-        # Rewind after each step: the same slots are rewritten, so any number of steps fits the cache.
-        return decode_step(config, _GREEDY, params, s).replace(lengths=state.lengths, done=state.done)
-
-    return jax.lax.fori_loop(0, inner, body_fn, state)
-
-
-@functools.partial(jax.jit, static_argnames=("inner",), donate_argnums=2)
-def _rounds(target_params, draft_weights, state: SpecState, inner: int):
-    def body_fn(_, s):
-        return speculative_round(target_params, draft_weights, s).replace(lengths=state.lengths, done=state.done)
-
-    return jax.lax.fori_loop(0, inner, body_fn, state)
-
-
-_GREEDY = SamplingConfig(0.0)
-
-
-def _iteration_key(target: Model, draft: Model | Drafter | None, batch: int, k: int, context: int) -> tuple:
-    if draft is None:
-        return ("iteration", id(target.params), None, batch, k, context)
-    drafter = as_drafter(draft)
-    weights = jax.tree.leaves(drafter.weights())
-    return ("iteration", id(target.params), drafter.without_weights(), *map(id, weights), batch, k, context)
-
-
 class CostTable:
-    """Measured seconds per forward or per loop iteration, memoised by shape."""
+    """Measured seconds per forward, per loop iteration or per proposal, memoised by shape."""
 
     def __init__(self, inner: int, repeats: int):
         self.inner, self.repeats = inner, repeats
         self._seconds: dict[tuple, float] = {}
 
-    def iteration_seconds(self, target: Model, draft: Model | None, batch: int, k: int, context: int) -> float:
+    def iteration_seconds(
+        self, target: Model, draft: Model | Drafter | None, batch: int, k: int, context: int, temperature: float = 0.0
+    ) -> float:
         """One iteration of the generation loop exactly as it runs: a plain decode step
         (draft None) or a speculative round of K. Everything counts (draft steps, verify,
         acceptance, commit, per-op dispatch), and nothing depends on acceptance: shapes
         are static, so a round costs the same whether it accepts 0 or K drafts."""
-        key = _iteration_key(target, draft, batch, k, context)
+        part = "step" if draft is None else "round"
+        return self._loop_seconds(part, target, draft, batch, k, context, temperature)
+
+    def propose_seconds(
+        self, target: Model, draft: Model | Drafter, batch: int, k: int, context: int, temperature: float = 0.0
+    ) -> float:
+        """One `drafter.propose` of K tokens alone (loops.py), for any drafter."""
+        return self._loop_seconds("propose", target, draft, batch, k, context, temperature)
+
+    def _loop_seconds(self, part, target, draft, batch, k, context, temperature) -> float:
+        key = loop_key(part, target, draft, batch, k, context, temperature)
         if key not in self._seconds:
-            self.measure_iterations([(target, draft, batch, k, context)])
+            self._measure_loops([(part, target, draft, batch, k, context, temperature)])
         return self._seconds[key]
 
-    def measure_iterations(self, shapes: list[tuple]) -> None:
-        """Time many (target, draft | None, batch, K, context) iterations round-robin.
+    def measure_iterations(self, shapes: list[tuple], proposals: str = "auto") -> None:
+        """Time many (target, draft | None, batch, K, context[, temperature]) iterations round-robin.
 
         A shared machine drifts over minutes; timing the configurations of one experiment
-        in turn, as the end-to-end runs are, keeps their ratios honest.
+        in turn, as the end-to-end runs are, keeps their ratios honest. `proposals`: also
+        time the drafter's propose alone, side by side with its round, for the drafters
+        whose draft share needs it ("auto": those that are not a draft model), for "all"
+        speculative shapes, or "none".
         """
-        calls = {_iteration_key(*shape): self._iteration_call(*shape) for shape in shapes}
-        calls = {key: call for key, call in calls.items() if key not in self._seconds}
+        loops = []
+        for target, draft, batch, k, context, *rest in shapes:
+            temperature = rest[0] if rest else 0.0
+            loops.append(("step" if draft is None else "round", target, draft, batch, k, context, temperature))
+            if draft is None:
+                continue
+            if proposals == "all" or (proposals == "auto" and draft_model_of(draft) is None):
+                loops.append(("propose", target, draft, batch, k, context, temperature))
+        self._measure_loops(loops)
+
+    def _measure_loops(self, loops: list[tuple]) -> None:
+        calls = {loop_key(*loop): loop for loop in loops}
+        calls = {key: loop_call(*loop, self.inner) for key, loop in calls.items() if key not in self._seconds}
         times = interleaved(calls, self.repeats, warmup=1)
         self._seconds.update({key: median(t) / self.inner for key, t in times.items()})
-
-    def _iteration_call(self, target: Model, draft: Model | Drafter | None, batch: int, k: int, context: int):
-        prompt_length = context // 2  # the middle of the cache: the mask reads every slot anyway
-        prompt = jnp.ones((batch, prompt_length), jnp.int32)
-        lengths = jnp.full((batch,), prompt_length, jnp.int32)
-        args = (prompt, lengths, jnp.int32(context), jnp.int32(-1), jax.random.key(0))
-        if draft is None:
-            state = jax.jit(decode_init, static_argnums=(6, 7))(target.params, *args, target.config, context)
-        else:
-            drafter = as_drafter(draft)
-            weights = drafter.weights()
-            plan = SpecPlan(target.config, drafter.without_weights(), k, _GREEDY, greedy_rule)
-            state = jax.jit(spec_init, static_argnums=(7, 8))(target.params, weights, *args, plan, context)
-
-        def call():
-            nonlocal state
-            if draft is None:
-                state = _decode_steps(target.params, state, target.config, self.inner)
-            else:
-                state = _rounds(target.params, weights, state, self.inner)
-            return state.tokens
-
-        return call
 
     def seconds(self, model: Model, batch: int, width: int, context: int) -> float:
         key = (id(model.params), model.config, batch, width, context)
@@ -222,24 +193,54 @@ def geometric_tokens_per_round(alpha: float, k: int) -> float:
     return float(sum(alpha**i for i in range(k + 1)))
 
 
-def round_seconds(costs: CostTable, target: Model, draft: Model, batch: int, k: int, context: int) -> dict:
-    """What one speculative round and one plain step cost, two ways.
+def round_seconds(
+    costs: CostTable,
+    target: Model,
+    draft: Model | Drafter,
+    batch: int,
+    k: int,
+    context: int,
+    temperature: float = 0.0,
+    share: str = "auto",
+) -> dict:
+    """What one speculative round and one plain step cost, and the draft's share of a round.
 
-    From forwards alone: the draft runs a width-2 catch-up then K - 1 width-1 steps (see
-    speculative._propose) and the target verifies K + 1 positions; this gives the draft's
-    share of the round. As executed: whole loop iterations (`iteration_seconds`), which
-    add sampling, acceptance, commit and dispatch; predictions use these.
+    As executed: whole loop iterations (`iteration_seconds`), which add sampling,
+    acceptance, commit and dispatch; predictions use these. The draft share, two ways
+    (`draft_share_definition` says which):
+      "forwards" (a draft model, share "auto"): from forwards alone, the draft's width-W
+        catch-up then K - 1 width-1 steps (drafters/draft_model.py) over those plus the
+        target's width-(K + 1) verify;
+      "propose" (any other drafter, or share "propose"): `drafter.propose` timed alone
+        over the whole round, both timed side by side (measure_iterations).
     """
-    draft_seconds = costs.seconds(draft, batch, 2, context) + (k - 1) * costs.seconds(draft, batch, 1, context)
-    verify_seconds = costs.seconds(target, batch, k + 1, context)
-    return {
-        "plain_step_seconds": costs.iteration_seconds(target, None, batch, 0, context),
-        "round_seconds": costs.iteration_seconds(target, draft, batch, k, context),
+    drafter = as_drafter(draft)
+    model = draft_model_of(drafter)
+    if share not in ("auto", "propose", "forwards"):
+        raise ValueError(f"share must be 'auto', 'propose' or 'forwards', got {share!r}")
+    if share == "forwards" and model is None:
+        raise ValueError(f"a forward-based draft share needs a draft model, not {drafter.name}")
+    out = {
+        "plain_step_seconds": costs.iteration_seconds(target, None, batch, 0, context, temperature),
+        "round_seconds": costs.iteration_seconds(target, drafter, batch, k, context, temperature),
         "plain_forward_seconds": costs.seconds(target, batch, 1, context),
-        "draft_forward_seconds": draft_seconds,
-        "verify_forward_seconds": verify_seconds,
-        "draft_share": draft_seconds / (draft_seconds + verify_seconds),
+        "verify_forward_seconds": costs.seconds(target, batch, k + 1, context),
     }
+    if share == "forwards" or (share == "auto" and model is not None):
+        catch_up = costs.seconds(model, batch, drafter.catch_up, context)
+        forwards = catch_up + (k - 1) * costs.seconds(model, batch, 1, context)
+        share_of_round = forwards / (forwards + out["verify_forward_seconds"])
+        out.update(draft_forward_seconds=forwards, draft_share=share_of_round, draft_share_definition="forwards")
+    else:
+        propose = costs.propose_seconds(target, drafter, batch, k, context, temperature)
+        share_of_round = propose / out["round_seconds"]
+        out.update(draft_propose_seconds=propose, draft_share=share_of_round, draft_share_definition="propose")
+    return out
+
+
+def draft_seconds(components: dict) -> float:
+    """The draft's seconds per round, whichever way round_seconds measured them."""
+    return components.get("draft_forward_seconds", components.get("draft_propose_seconds"))
 
 
 def predicted_speedup(tokens_per_round: float, components: dict) -> float:

@@ -1,8 +1,11 @@
-"""E1-E7: one function per claim of the seed article, each returning rows and a summary.
+"""E1-E7: one function per claim of the seed article, each returning rows and a summary
+(E8, the drafting methods, is in methods.py).
 
 Every experiment returns {"claim", "rows", "summary"}; rows become the experiment's CSV
 and plot. "measured" always means timed or counted in this run; "predicted" always means
-the cost model (measured forward costs x measured acceptance), and is labelled so.
+the cost model (measured forward costs x measured acceptance), and is labelled so. Rows
+carry a `category`: "all" pooled over every prompt, and one row per prompt category when
+the prompts have several; plots and summaries use the pooled rows.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from specjax.bench.context import BenchContext
 from specjax.bench.cost import (
     batch_tokens_per_round,
+    draft_seconds,
     expected_tokens_per_round,
     forward_estimate,
     geometric_tokens_per_round,
@@ -18,7 +22,9 @@ from specjax.bench.cost import (
     round_seconds,
 )
 from specjax.bench.distribution import distribution_test
-from specjax.bench.measure import RunSpec
+from specjax.bench.loops import draft_model_of
+from specjax.bench.measure import POOLED, RunSpec, pooled
+from specjax.bench.methods import methods
 
 
 def _pooled_alpha(stats: dict) -> float:
@@ -32,23 +38,25 @@ def tokens_per_round(ctx: BenchContext) -> dict:
     cfg = ctx.config.tokens_per_round
     rows = []
     for temperature in cfg.temperatures:
-        profile = ctx.profile(temperature)
-        for k in cfg.ks:
-            stats = ctx.acceptance(k, temperature)
-            alpha = _pooled_alpha(stats)
-            rows.append(
-                {
-                    "temperature": temperature,
-                    "num_speculative_tokens": k,
-                    "measured_tokens_per_round": stats["mean_acceptance_length"],
-                    "alpha": alpha,
-                    "predicted_geometric": geometric_tokens_per_round(alpha, k),
-                    "predicted_per_position": expected_tokens_per_round(profile, k),
-                    "accepted_per_position": stats["accepted_per_position"],
-                    "rounds": stats["rounds"],
-                }
-            )
-    worst = max(abs(r["predicted_geometric"] / r["measured_tokens_per_round"] - 1) for r in rows)
+        for category in ctx.categories:
+            profile = ctx.profile(temperature, category)
+            for k in cfg.ks:
+                stats = ctx.acceptance(k, temperature, category)
+                alpha = _pooled_alpha(stats)
+                rows.append(
+                    {
+                        "category": category,
+                        "temperature": temperature,
+                        "num_speculative_tokens": k,
+                        "measured_tokens_per_round": stats["mean_acceptance_length"],
+                        "alpha": alpha,
+                        "predicted_geometric": geometric_tokens_per_round(alpha, k),
+                        "predicted_per_position": expected_tokens_per_round(profile, k),
+                        "accepted_per_position": stats["accepted_per_position"],
+                        "rounds": stats["rounds"],
+                    }
+                )
+    worst = max(abs(r["predicted_geometric"] / r["measured_tokens_per_round"] - 1) for r in pooled(rows))
     return {
         "claim": "E[tokens per round] = 1 + a + ... + a^K (a = per-position acceptance)",
         "rows": rows,
@@ -92,26 +100,33 @@ def verify_cost(ctx: BenchContext) -> dict:
     }
 
 
-def _predict(ctx: BenchContext, k: int, batch: int, temperature: float, target, draft, context: int) -> dict:
+def _predict(
+    ctx: BenchContext, k: int, batch: int, temperature: float, target, draft, context: int, category: str = POOLED
+) -> dict:
+    """Cost-model prediction from the costs of (target, draft) and the acceptance of `category`."""
     components = round_seconds(ctx.costs, target, draft, batch, k, context)
     # Per row and round, with the batch's stragglers and the cut last round counted.
-    tokens = batch_tokens_per_round(ctx.profile(temperature), k, ctx.config.max_new_tokens, batch)
+    tokens = batch_tokens_per_round(ctx.profile(temperature, category), k, ctx.config.max_new_tokens, batch)
+    costs = {
+        f"cost_{name}": v for name, v in components.items() if name not in ("draft_share", "draft_share_definition")
+    }
     return {
         "predicted_tokens_per_round": tokens,
         "predicted_speedup": predicted_speedup(tokens, components),
         "draft_time_share": components["draft_share"],
-        **{f"cost_{name}": value for name, value in components.items() if name != "draft_share"},
+        "draft_time_share_definition": components["draft_share_definition"],
+        **costs,
     }
 
 
 def _add_overhead(ctx: BenchContext, row: dict, target, draft) -> None:
-    """Split a measured loop iteration into its forwards and everything else."""
+    """Split a measured loop iteration into its forwards (or proposal) and everything else."""
     batch, k = row["batch_size"], row["num_speculative_tokens"]
     if row["method"] == "plain":
         forwards = ctx.costs.seconds(target, batch, 1, ctx.context)
     else:
         c = round_seconds(ctx.costs, target, draft, batch, k, ctx.context)
-        forwards = c["draft_forward_seconds"] + c["verify_forward_seconds"]
+        forwards = draft_seconds(c) + c["verify_forward_seconds"]
     row["forward_ms_per_iteration"] = 1e3 * forwards
     row["non_forward_ms_per_iteration"] = row["ms_per_iteration"] - 1e3 * forwards
 
@@ -124,10 +139,10 @@ def k_sweep(ctx: BenchContext) -> dict:
     ctx.costs.measure_iterations(shapes + [(ctx.target, ctx.draft, cfg.batch_size, k, ctx.context) for k in cfg.ks])
     for row in rows:
         if row["method"] == "speculative":
-            k = row["num_speculative_tokens"]
-            row.update(_predict(ctx, k, cfg.batch_size, cfg.temperature, ctx.target, ctx.draft, ctx.context))
+            k, category = row["num_speculative_tokens"], row["category"]
+            row.update(_predict(ctx, k, cfg.batch_size, cfg.temperature, ctx.target, ctx.draft, ctx.context, category))
         _add_overhead(ctx, row, ctx.target, ctx.draft)
-    spec_rows = [r for r in rows if r["method"] == "speculative"]
+    spec_rows = [r for r in pooled(rows) if r["method"] == "speculative"]
     best = max(spec_rows, key=lambda r: r["speedup_vs_plain"])
     best_predicted = max(spec_rows, key=lambda r: r["predicted_speedup"])
     return {
@@ -165,7 +180,7 @@ def batch_sweep(ctx: BenchContext) -> dict:
             }
         )
     for row in rows:
-        if row["method"] == "speculative":
+        if row["method"] == "speculative" and row["category"] == POOLED:  # predictions use pooled acceptance
             match = next(p for p in predictions if p["batch_size"] == row["batch_size"])
             if not ctx.separate_cost_models:
                 row.update({key: match[key] for key in ("predicted_speedup", "predicted_tokens_per_round")})
@@ -179,7 +194,7 @@ def batch_sweep(ctx: BenchContext) -> dict:
         "summary": {
             "predicted_speedup_by_batch": {p["batch_size"]: p["predicted_speedup"] for p in predictions},
             "measured_speedup_by_batch": {
-                r["batch_size"]: r["speedup_vs_plain"] for r in rows if r["method"] == "speculative"
+                r["batch_size"]: r["speedup_vs_plain"] for r in pooled(rows) if r["method"] == "speculative"
             },
         },
     }
@@ -188,7 +203,10 @@ def batch_sweep(ctx: BenchContext) -> dict:
 def context_sweep(ctx: BenchContext) -> dict:
     cfg = ctx.config.context_sweep
     target, draft, k, batch = ctx.cost_target, ctx.cost_draft, cfg.num_speculative_tokens, cfg.batch_size
-    limit = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
+    draft_model = draft_model_of(draft)
+    limit = target.config.max_position_embeddings
+    if draft_model is not None:
+        limit = min(limit, draft_model.config.max_position_embeddings)
     contexts = [c for c in cfg.contexts if c <= limit]
     loops = ((None, 0), (draft, k))
     ctx.costs.measure_iterations([(target, d, batch, n, c) for c in contexts for d, n in loops])
@@ -221,29 +239,32 @@ def context_sweep(ctx: BenchContext) -> dict:
 def waste(ctx: BenchContext) -> dict:
     cfg = ctx.config.waste
     rows = []
-    for k in cfg.ks:
-        stats = ctx.acceptance(k, cfg.temperature)
-        rounds = stats["rounds"]
-        histogram = stats["rounds_accepting"]
-        rows.append(
-            {
-                "num_speculative_tokens": k,
-                "temperature": cfg.temperature,
-                "rounds": rounds,
-                "verified_positions_per_round": k + 1,
-                "drafted_per_round": k,
-                "accepted_per_round": stats["accepted_tokens"] / rounds,
-                "correction_per_round": sum(histogram[:k]) / rounds,
-                "bonus_per_round": histogram[k] / rounds,
-                "wasted_per_round": stats["wasted_positions"] / rounds,
-                "kept_fraction_of_verified": (stats["accepted_tokens"] + rounds) / ((k + 1) * rounds),
-                "rounds_accepting": histogram,
-            }
-        )
+    for category in ctx.categories:
+        for k in cfg.ks:
+            rows.append(_waste_row(ctx.acceptance(k, cfg.temperature, category), k, cfg.temperature, category))
     return {
         "claim": "every position verified after the first rejection is wasted work",
         "rows": rows,
-        "summary": {f"wasted_per_round_k{r['num_speculative_tokens']}": r["wasted_per_round"] for r in rows},
+        "summary": {f"wasted_per_round_k{r['num_speculative_tokens']}": r["wasted_per_round"] for r in pooled(rows)},
+    }
+
+
+def _waste_row(stats: dict, k: int, temperature: float, category: str) -> dict:
+    rounds = stats["rounds"]
+    histogram = stats["rounds_accepting"]
+    return {
+        "category": category,
+        "num_speculative_tokens": k,
+        "temperature": temperature,
+        "rounds": rounds,
+        "verified_positions_per_round": k + 1,
+        "drafted_per_round": k,
+        "accepted_per_round": stats["accepted_tokens"] / rounds,
+        "correction_per_round": sum(histogram[:k]) / rounds,
+        "bonus_per_round": histogram[k] / rounds,
+        "wasted_per_round": stats["wasted_positions"] / rounds,
+        "kept_fraction_of_verified": (stats["accepted_tokens"] + rounds) / ((k + 1) * rounds),
+        "rounds_accepting": histogram,
     }
 
 
@@ -251,16 +272,18 @@ def sampling(ctx: BenchContext) -> dict:
     cfg = ctx.config.sampling
     rows = []
     for temperature in cfg.temperatures:
-        for k in cfg.ks:
-            stats = ctx.acceptance(k, temperature)
-            rows.append(
-                {
-                    "temperature": temperature,
-                    "num_speculative_tokens": k,
-                    "acceptance_rate": stats["acceptance_rate"],
-                    "mean_acceptance_length": stats["mean_acceptance_length"],
-                }
-            )
+        for category in ctx.categories:
+            for k in cfg.ks:
+                stats = ctx.acceptance(k, temperature, category)
+                rows.append(
+                    {
+                        "category": category,
+                        "temperature": temperature,
+                        "num_speculative_tokens": k,
+                        "acceptance_rate": stats["acceptance_rate"],
+                        "mean_acceptance_length": stats["mean_acceptance_length"],
+                    }
+                )
     prompt = ctx.workload.prompts[0][:16]  # short: every sample is a row of one batch
     tests = distribution_test(
         ctx.target,
@@ -294,4 +317,5 @@ EXPERIMENT_FUNCTIONS = {
     "context_sweep": context_sweep,
     "waste": waste,
     "sampling": sampling,
+    "methods": methods,
 }

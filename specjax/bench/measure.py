@@ -1,14 +1,17 @@
 """End-to-end generation measurements: latency, TTFT, TPOT, tokens/s and acceptance.
 
-A `Workload` fixes what every measured generation shares (the pair, the held-out
-prompts, the token budget); a `RunSpec` says how to generate (plain or speculative, K,
-batch size, temperature). `measure` times many specs round-robin and returns one row of
-metrics per spec, with the definitions of README "Metrics" (NOTES.md).
+A `Workload` fixes what every measured generation shares (the target, its drafters, the
+prompts and their categories, the token budget); a `RunSpec` says how to generate (plain
+or speculative with which drafter, K, batch size, temperature). `measure` times many
+specs round-robin and returns rows of metrics per spec, with the definitions of README
+"Metrics": one pooled row (category "all") and, when the prompts have several
+categories, one row per category from the same timed requests.
 
-Batch size B splits the prompt set into requests of B rows (or repeats prompts to fill B
-when there are fewer), so batch 1 still pools acceptance over every prompt. Each request
-is timed twice per repetition: the whole generation (latency) and a one-token run of the
-same compiled program (time to first token).
+Batch size B splits each category's prompts into requests of B rows (or repeats prompts
+to fill B when there are fewer), so batch 1 still pools acceptance over every prompt and
+no request mixes categories. Each request is timed twice per repetition: the whole
+generation (latency) and a one-token run of the same compiled program (time to first
+token).
 """
 
 from __future__ import annotations
@@ -19,10 +22,14 @@ import itertools
 import numpy as np
 
 from specjax.bench.timing import median, timed
+from specjax.drafters import Drafter
 from specjax.engine.decode import prepare_generate
 from specjax.engine.output import GenerationStats, PreparedGeneration
 from specjax.engine.speculative import prepare_speculative_generate
 from specjax.io.model import Model
+
+POOLED = "all"  # the category of rows pooled over every prompt
+DRAFT = "draft"  # the label of the bench's own `draft` among a workload's drafters
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,34 +38,55 @@ class RunSpec:
     batch_size: int
     num_speculative_tokens: int = 0  # 0 for plain decoding
     temperature: float = 0.0
+    drafter: str = DRAFT  # which of the workload's drafters proposes ("none" for plain decoding)
 
     @property
     def plain(self) -> RunSpec:
         """The baseline this spec's speedup is measured against."""
-        return RunSpec("plain", self.batch_size, 0, self.temperature)
+        return RunSpec("plain", self.batch_size, 0, self.temperature, "none")
 
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
     target: Model
-    draft: Model
-    prompts: list[list[int]]  # token ids, all of one length
+    drafters: dict[str, Drafter]  # label -> drafter; DRAFT is the bench's `draft`
+    prompts: list[list[int]]  # token ids (one length for corpus prompts, ragged from files)
+    categories: list[str]  # one per prompt
     max_new_tokens: int
     seed: int = 0
 
-    def requests(self, batch_size: int) -> list[list[list[int]]]:
-        """The prompt set cut into batches of `batch_size` rows (cycled to fill the last)."""
-        count = max(len(self.prompts), batch_size)
-        count = -(-count // batch_size) * batch_size
-        rows = list(itertools.islice(itertools.cycle(self.prompts), count))
-        return [rows[i : i + batch_size] for i in range(0, count, batch_size)]
+    @property
+    def category_names(self) -> list[str]:
+        return list(dict.fromkeys(self.categories))
+
+    def with_drafters(self, drafters: dict[str, Drafter]) -> Workload:
+        return dataclasses.replace(self, drafters={**self.drafters, **drafters})
+
+    def prompts_of(self, category: str) -> list[list[int]]:
+        return [p for p, c in zip(self.prompts, self.categories, strict=True) if category in (c, POOLED)]
+
+    def requests(self, batch_size: int) -> list[tuple[str, list[list[int]]]]:
+        """(category, rows) batches of `batch_size` rows, one category each (cycled to fill
+        the last). Prompts are sorted by length within a category, so a batch pads little
+        and ragged prompts compile few programs."""
+        out = []
+        for category in self.category_names:
+            prompts = sorted(self.prompts_of(category), key=len)
+            count = -(-max(len(prompts), batch_size) // batch_size) * batch_size
+            rows = list(itertools.islice(itertools.cycle(prompts), count))
+            out += [(category, rows[i : i + batch_size]) for i in range(0, count, batch_size)]
+        return out
 
     def prepare(self, spec: RunSpec, prompts: list[list[int]]) -> PreparedGeneration:
         common = dict(max_new_tokens=self.max_new_tokens, temperature=spec.temperature, seed=self.seed)
         if spec.method == "plain":
             return prepare_generate(self.target, prompts, **common)
         return prepare_speculative_generate(
-            self.target, self.draft, prompts, num_speculative_tokens=spec.num_speculative_tokens, **common
+            self.target,
+            self.drafters[spec.drafter],
+            prompts,
+            num_speculative_tokens=spec.num_speculative_tokens,
+            **common,
         )
 
 
@@ -85,35 +113,55 @@ def merge_stats(stats: list[GenerationStats]) -> dict:
     }
 
 
-def acceptance(workload: Workload, k: int, temperature: float) -> dict:
-    """Acceptance statistics of the pair on every prompt at one K (no timing)."""
-    spec = RunSpec("speculative", len(workload.prompts), k, temperature)
-    return merge_stats([workload.prepare(spec, workload.prompts).run().stats])
+def pooled(rows: list[dict]) -> list[dict]:
+    """The rows pooled over every prompt (rows without a category are pooled too)."""
+    return [r for r in rows if r.get("category", POOLED) == POOLED]
 
 
-def _row(spec: RunSpec, requests, latency, first, outputs, tpot_target_ms, max_new_tokens) -> dict:
-    """Metrics of one spec from per-repetition, per-request seconds [R][Q]."""
+def drafter_counters(stats: list[GenerationStats]) -> dict[str, int]:
+    """The drafter's own counters (GenerationStats.drafter, e.g. no_match_rounds), summed."""
+    out: dict[str, int] = {}
+    for s in stats:
+        for name, value in s.drafter.items():
+            if name != "kind":
+                out[name] = out.get(name, 0) + int(value)
+    return out
+
+
+def acceptance(workload: Workload, k: int, temperature: float, drafter: str = DRAFT) -> dict[str, dict]:
+    """Acceptance statistics at one K (no timing): {category: stats}, plus POOLED over all.
+
+    One batch per category holds all its prompts; the pooled stats merge the counters."""
+    spec = RunSpec("speculative", 1, k, temperature, drafter)
+    stats = {c: workload.prepare(spec, workload.prompts_of(c)).run().stats for c in workload.category_names}
+    return {**{c: merge_stats([s]) for c, s in stats.items()}, POOLED: merge_stats(list(stats.values()))}
+
+
+def _row(spec: RunSpec, latency, first, outputs, tpot_target_ms, max_new_tokens) -> dict:
+    """Metrics of one spec over some requests, from per-repetition, per-request seconds [R][Q]."""
     latency, first = np.asarray(latency), np.asarray(first)
+    requests = latency.shape[1]
     stats = merge_stats([out.stats for out in outputs])
     tokens_per_request = spec.batch_size * max_new_tokens
     ttft = float(np.median(first))
-    forwards_per_request = stats["target_forwards"] / len(requests)
+    forwards_per_request = stats["target_forwards"] / requests
     tpot = (latency - ttft) / (max_new_tokens - 1)  # per request, seconds
     meets = tpot * 1e3 <= tpot_target_ms
     row = {
         "method": spec.method,
+        "drafter": spec.drafter,
         "num_speculative_tokens": spec.num_speculative_tokens,
         "batch_size": spec.batch_size,
         "temperature": spec.temperature,
         "max_new_tokens": max_new_tokens,
-        "requests": len(requests),
+        "requests": requests,
         "latency_ms": 1e3 * median(latency.ravel()),
         "ttft_ms": 1e3 * ttft,
         "tpot_ms": 1e3 * median(tpot.ravel()),
         # A plain step or a speculative round: the loop iteration the cost model predicts.
         "ms_per_iteration": 1e3 * (median(latency.ravel()) - ttft) / max(forwards_per_request - 1, 1),
         # Per repetition: every request's tokens over the time all requests took.
-        "tokens_per_second": median(tokens_per_request * len(requests) / latency.sum(axis=1)),
+        "tokens_per_second": median(tokens_per_request * requests / latency.sum(axis=1)),
         "goodput_tokens_per_second": float(tokens_per_request * meets.sum() / latency.sum()),
         "fraction_meeting_tpot_target": float(meets.mean()),
         "tpot_target_ms": tpot_target_ms,
@@ -124,13 +172,21 @@ def _row(spec: RunSpec, requests, latency, first, outputs, tpot_target_ms, max_n
     }
     if spec.method == "plain":
         row.update(drafted_tokens=0, accepted_tokens=0, wasted_positions=0, mean_acceptance_length=1.0)
+    else:
+        counters = drafter_counters([out.stats for out in outputs])
+        row.update(drafter_kind=outputs[0].stats.drafter.get("kind"), drafter_counters=counters)
+        no_match = [v for name, v in counters.items() if name.endswith("no_match_rounds")]
+        if no_match:  # prompt lookup (also inside a combinator): rounds it had nothing to propose
+            row.update(no_match_rounds=sum(no_match), no_match_share=sum(no_match) / max(stats["rounds"], 1))
     return row
 
 
 def measure(workload: Workload, specs: list[RunSpec], repeats: int, warmup: int, tpot_target_ms: float, progress=None):
-    """Rows of metrics for every spec (plus the plain baseline of each), timed round-robin."""
+    """Rows of metrics for every spec (plus the plain baseline of each), timed round-robin:
+    per spec, the pooled row, then one row per category when there are several."""
     specs = list(dict.fromkeys([*(s.plain for s in specs), *specs]))  # baselines first, no duplicates
-    prepared = {s: [workload.prepare(s, r) for r in workload.requests(s.batch_size)] for s in specs}
+    requests = {s: workload.requests(s.batch_size) for s in specs}
+    prepared = {s: [workload.prepare(s, rows) for _, rows in requests[s]] for s in specs}
     for calls in prepared.values():
         for call in calls:
             for _ in range(warmup):  # the first call compiles; n = 1 runs the same program
@@ -143,16 +199,30 @@ def measure(workload: Workload, specs: list[RunSpec], repeats: int, warmup: int,
             first[spec].append([timed(lambda call=call: call.launch(1)) for call in calls])
             if progress is not None:
                 progress.update(1)
-    rows = {}
+    names = workload.category_names
+    categories = [POOLED, *names] if len(names) > 1 else [POOLED]
+    rows, tokens = {}, {}
     for spec, calls in prepared.items():
         outputs = [call.run() for call in calls]
-        rows[spec] = _row(spec, calls, latency[spec], first[spec], outputs, tpot_target_ms, workload.max_new_tokens)
-        rows[spec]["tokens"] = [t for out in outputs for t in out.tokens]
-    for spec, row in rows.items():
-        base = rows[spec.plain]
-        row["speedup_vs_plain"] = row["tokens_per_second"] / base["tokens_per_second"]
+        seconds, first_seconds = np.asarray(latency[spec]), np.asarray(first[spec])
+        for category in categories:
+            picked = [i for i, (c, _) in enumerate(requests[spec]) if category in (c, POOLED)]
+            row = _row(
+                spec,
+                seconds[:, picked],
+                first_seconds[:, picked],
+                [outputs[i] for i in picked],
+                tpot_target_ms,
+                workload.max_new_tokens,
+            )
+            rows[spec, category] = {**row, "category": category}
+            tokens[spec, category] = [t for i in picked for t in outputs[i].tokens]
+    for (spec, category), row in rows.items():
+        base = (spec.plain, category)
+        row["speedup_vs_plain"] = row["tokens_per_second"] / rows[base]["tokens_per_second"]
+        # Per repetition, both timed within one round-robin pass: robust to the machine drifting.
+        plain_seconds = np.sum(rows[base]["latency_seconds"], axis=1)
+        row["speedup_vs_plain_paired"] = median(plain_seconds / np.sum(row["latency_seconds"], axis=1))
         if spec.temperature == 0.0:  # greedy speculation must reproduce plain greedy exactly
-            row["output_matches_plain"] = row["tokens"] == base["tokens"]
-    for row in rows.values():
-        del row["tokens"]
-    return [rows[s] for s in specs]
+            row["output_matches_plain"] = tokens[spec, category] == tokens[base]
+    return list(rows.values())

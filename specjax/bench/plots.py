@@ -1,4 +1,8 @@
-"""One PNG per experiment. Measured values are solid markers, predictions dashed lines."""
+"""One PNG per experiment. Measured values are solid markers, predictions dashed lines.
+
+Rows of one prompt category are left out (the CSVs and tables have them): each plot
+shows the rows pooled over every prompt, except E8's, which groups its bars by category.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
+
+from specjax.bench.measure import POOLED, pooled
 
 _P_FLOOR = 1e-20
 
@@ -27,13 +33,13 @@ def _save(fig, path: Path) -> Path:
 
 
 def _spec(rows):
-    return [r for r in rows if r["method"] == "speculative"]
+    return [r for r in pooled(rows) if r["method"] == "speculative"]
 
 
 def tokens_per_round(result: dict, path: Path, title: str) -> Path:
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for i, temperature in enumerate(sorted({r["temperature"] for r in result["rows"]})):
-        rows = [r for r in result["rows"] if r["temperature"] == temperature]
+        rows = [r for r in pooled(result["rows"]) if r["temperature"] == temperature]
         ks = [r["num_speculative_tokens"] for r in rows]
         color = f"C{i}"
         ax.plot(
@@ -110,7 +116,7 @@ def batch_sweep(result: dict, path: Path, title: str) -> Path:
     spec = _spec(result["rows"])
     if spec:
         ax.plot([r["batch_size"] for r in spec], [r["speedup_vs_plain"] for r in spec], "o-", label="measured")
-        plain = [r for r in result["rows"] if r["method"] == "plain"]
+        plain = [r for r in pooled(result["rows"]) if r["method"] == "plain"]
         ax2.plot(
             [r["batch_size"] for r in plain],
             [r["tokens_per_second"] for r in plain],
@@ -155,7 +161,7 @@ def context_sweep(result: dict, path: Path, title: str) -> Path:
 
 
 def waste(result: dict, path: Path, title: str) -> Path:
-    rows = result["rows"]
+    rows = pooled(result["rows"])
     labels = [f"K={r['num_speculative_tokens']}" for r in rows]
     parts = [
         ("accepted_per_round", "accepted drafts"),
@@ -185,7 +191,7 @@ def waste(result: dict, path: Path, title: str) -> Path:
 def sampling(result: dict, path: Path, title: str) -> Path:
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, temperature in enumerate(sorted({r["temperature"] for r in result["rows"]})):
-        rows = [r for r in result["rows"] if r["temperature"] == temperature]
+        rows = [r for r in pooled(result["rows"]) if r["temperature"] == temperature]
         ks = [r["num_speculative_tokens"] for r in rows]
         ax.plot(ks, [r["mean_acceptance_length"] for r in rows], "o-", color=f"C{i}", label=f"T={temperature}")
     ax.set(xlabel="K", ylabel="mean acceptance length (tokens/round)", title=title)
@@ -209,6 +215,33 @@ def sampling(result: dict, path: Path, title: str) -> Path:
     return _save(fig, path)
 
 
+def methods(result: dict, path: Path, title: str) -> Path:
+    """Bars per method, grouped by category: speedup (top) and mean acceptance length (bottom),
+    one column per temperature."""
+    rows = [r for r in result["rows"] if r["method"] == "speculative"]
+    temperatures = sorted({r["temperature"] for r in rows})
+    names = list(dict.fromkeys(r["drafter"] for r in rows))
+    categories = [c for c in dict.fromkeys(r["category"] for r in rows) if c != POOLED] + [POOLED]
+    width = 0.8 / len(categories)
+    fig, axes = plt.subplots(2, len(temperatures), figsize=(6 * len(temperatures), 8), squeeze=False)
+    for column, t in enumerate(temperatures):
+        for line, (key, label) in enumerate(
+            (("speedup_vs_plain", "speedup vs plain"), ("mean_acceptance_length", "mean acceptance length"))
+        ):
+            ax = axes[line, column]
+            for i, category in enumerate(categories):
+                values = {r["drafter"]: r[key] for r in rows if r["temperature"] == t and r["category"] == category}
+                x = [j + (i - (len(categories) - 1) / 2) * width for j in range(len(names))]
+                hatch = "//" if category == POOLED and len(categories) > 1 else None
+                ax.bar(x, [values.get(n, 0.0) for n in names], width, label=category, hatch=hatch, color=f"C{i}")
+            ax.axhline(1.0, color="gray", lw=0.8)
+            ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+            ax.set(ylabel=label, title=f"{title}, T={t}" if line == 0 else f"{label}, T={t}")
+            ax.grid(alpha=0.3, axis="y")
+            ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 PLOTS = {
     "tokens_per_round": tokens_per_round,
     "verify_cost": verify_cost,
@@ -217,4 +250,5 @@ PLOTS = {
     "context_sweep": context_sweep,
     "waste": waste,
     "sampling": sampling,
+    "methods": methods,
 }

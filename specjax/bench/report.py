@@ -6,7 +6,9 @@ import csv
 import json
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+# 2: rows carry `category` (and `drafter`); `models.draft` may describe a drafter that is
+# not a model (kind, parameters, drafter); experiment E8 "methods".
+SCHEMA_VERSION = 2
 
 # Written into every results.json, so a number never travels without its meaning.
 DEFINITIONS = {
@@ -16,6 +18,8 @@ DEFINITIONS = {
     "tpot_ms": "time per output token = (latency - TTFT) / (max_new_tokens - 1)",
     "goodput_tokens_per_second": "output tokens of requests whose TPOT <= tpot_target_ms / wall time of all requests",
     "speedup_vs_plain": "tokens_per_second / tokens_per_second of plain decoding, same target, batch and temperature",
+    "speedup_vs_plain_paired": "median over repetitions of (plain decoding's wall time / this spec's wall time "
+    "for the same requests) within one round-robin pass: a ratio of times measured seconds apart",
     "acceptance_rate": "accepted draft tokens / drafted tokens",
     "mean_acceptance_length": "1 + accepted / rounds: tokens per round including the correction/bonus token "
     "(vLLM/EAGLE convention; gpt-fast reports it without the +1)",
@@ -23,7 +27,15 @@ DEFINITIONS = {
     "rounds_accepting": "for n = 0..K: row-rounds that accepted exactly n draft tokens",
     "target_forwards_per_token": "batched target forward passes x batch_size / output tokens (1 for plain decoding)",
     "wasted_positions": "verified draft positions after the first rejection = drafted - accepted",
-    "draft_time_share": "draft time / round time, from measured forward costs (cost model)",
+    "draft_time_share": "the draft's share of a round; `draft_time_share_definition` says which: 'forwards' = "
+    "draft forwards / (draft forwards + verify forward), from forward costs timed in isolation (a draft model in "
+    "E3-E5); 'propose' = drafter.propose timed alone / the whole round, timed side by side round-robin (any other "
+    "drafter, and every method of E8)",
+    "category": "the prompts a row pools: 'all' = every prompt; otherwise one prompt category (from the prompt "
+    "source), with rows per category only when there are several",
+    "drafter": "which drafter proposed ('draft' = the config's draft; E8: the method's name; 'none' = plain decoding)",
+    "no_match_rounds": "prompt lookup (also inside a combinator): row-rounds in which no n-gram matched, so it "
+    "proposed a filler token; no_match_share = no_match_rounds / rounds",
     "ms_per_iteration": "(latency - TTFT) / (target forwards per request - 1): one plain step or one speculative round",
     "cost_round_seconds": "cost model: one speculative round timed in isolation (a loop of rounds at the "
     "generation's cache length; static shapes make it independent of acceptance)",
@@ -37,6 +49,7 @@ DEFINITIONS = {
 # Columns that lead every measured row (the required fields of the schema).
 ROW_FIELDS = [
     "experiment",
+    "category",
     "method",
     "num_speculative_tokens",
     "batch_size",
@@ -82,7 +95,27 @@ SUMMARY_COLUMNS = {
         "kept_fraction_of_verified",
     ],
     "sampling": ["temperature", "num_speculative_tokens", "acceptance_rate", "mean_acceptance_length"],
+    "methods": [
+        "temperature",
+        "category",
+        "drafter",
+        "tokens_per_second",
+        "speedup_vs_plain",
+        "speedup_vs_plain_paired",
+        "mean_acceptance_length",
+        "acceptance_rate",
+        "draft_time_share",
+        "no_match_share",
+        "output_matches_plain",
+    ],
 }
+
+
+def _columns(name: str, rows: list[dict]) -> list[str]:
+    """An experiment's summary columns, led by `category` when its rows have several."""
+    columns = SUMMARY_COLUMNS[name]
+    several = len({row.get("category", "all") for row in rows}) > 1
+    return ["category", *columns] if several and "category" not in columns else columns
 
 
 def _cell(value):
@@ -110,6 +143,13 @@ def _table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _describe(model: dict) -> str:
+    """One line for a model or drafter of results.json `models`."""
+    dtype = f", {model['dtype']}" if "dtype" in model else ""
+    kind = f"{model['kind']}, " if model.get("kind") not in (None, "draft_model") else ""
+    return f"{model['name']} ({kind}{model['parameters']:,} parameters{dtype})"
+
+
 def summary_markdown(results: dict) -> str:
     env = results["environment"]
     models = results["models"]
@@ -121,7 +161,7 @@ def summary_markdown(results: dict) -> str:
         f"- specjax {env['specjax']} (commit {env['git_commit']})",
     ]
     for role, model in models.items():
-        lines.append(f"- {role}: {model['name']} ({model['parameters']:,} parameters, {model['dtype']})")
+        lines.append(f"- {role}: {_describe(model)}")
     if results.get("machine"):
         m = results["machine"]
         lines.append(
@@ -131,7 +171,9 @@ def summary_markdown(results: dict) -> str:
     for name, experiment in results["experiments"].items():
         lines += ["", f"## {experiment['id']} {name}: {experiment['claim']}", ""]
         lines += [f"- {key}: {_cell(value)}" for key, value in experiment["summary"].items()]
-        lines += ["", _table(experiment["rows"], SUMMARY_COLUMNS[name])]
+        if experiment.get("drafters"):
+            lines += ["", *(f"- `{label}`: {_describe(d)}" for label, d in experiment["drafters"].items())]
+        lines += ["", _table(experiment["rows"], _columns(name, experiment["rows"]))]
         if experiment.get("distribution_test"):
             columns = ["rule", "p_value_token_1", "p_value_token_2", "tv_token_1", "tv_token_2", "passes"]
             lines += ["", _table(experiment["distribution_test"], columns)]

@@ -14,16 +14,21 @@ from specjax.bench.experiments import EXPERIMENT_FUNCTIONS
 from specjax.bench.report import DEFINITIONS, SCHEMA_VERSION, write_results
 from specjax.bench.timing import environment
 from specjax.configs import to_dict
+from specjax.drafters import Drafter
 from specjax.io.model import Model
 
 
 def run_bench(
-    config: BenchConfig, out_dir: str | Path, target: Model | None = None, draft: Model | None = None, progress=True
+    config: BenchConfig,
+    out_dir: str | Path,
+    target: Model | None = None,
+    draft: Model | Drafter | None = None,
+    progress=True,
 ) -> dict:
     """Run the config's experiments in order; write results.json, CSVs, plots and summary.md.
 
-    `target` / `draft` (Model objects from the Python API) replace the config's named
-    models. Returns the results dictionary that results.json holds.
+    `target` (a Model) and `draft` (a Model or any Drafter), objects from the Python API,
+    replace the config's. Returns the results dictionary that results.json holds.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,131 @@
+"""Loop iterations timed in isolation: plain decode steps, speculative rounds, and a
+drafter's `propose` alone (the draft time of any drafter, model or not).
+
+Each is a jitted `fori_loop` of `inner` iterations on one state built like a generation's
+(a prompt filling half the cache), rewound after every iteration so that any number of
+iterations fits the cache. Shapes are static, so an iteration costs the same whatever it
+accepts. `loop_call` returns a callable for timing.interleaved: the caller times rounds
+and proposals side by side, round-robin, so that their ratio holds on a noisy machine.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from specjax.drafters import DraftContext, Drafter, DraftModel, as_drafter
+from specjax.engine.acceptance import default_rule
+from specjax.engine.decode import DecodeState, decode_step
+from specjax.engine.decode import init_state as decode_init
+from specjax.engine.sampling import SamplingConfig
+from specjax.engine.speculative import SpecPlan, SpecState, speculative_round
+from specjax.engine.speculative import init_state as spec_init
+from specjax.io.model import Model
+from specjax.models import ModelConfig
+
+PARTS = ("step", "round", "propose")  # a plain decode step, a speculative round, a drafter's proposal
+
+
+def draft_model_of(draft: Model | Drafter) -> Model | None:
+    """The draft `Model` whose forwards make up the drafter's work, or None (any other drafter)."""
+    drafter = as_drafter(draft)
+    return drafter.model if isinstance(drafter, DraftModel) else None
+
+
+@functools.partial(jax.jit, static_argnames=("config", "sampling", "inner"), donate_argnums=1)
+def _decode_steps(params, state: DecodeState, config: ModelConfig, sampling: SamplingConfig, inner: int):
+    def body_fn(_, s):
+        # Rewind after each step: the same slots are rewritten, so any number of steps fits the cache.
+        return decode_step(config, sampling, params, s).replace(lengths=state.lengths, done=state.done)
+
+    return jax.lax.fori_loop(0, inner, body_fn, state)
+
+
+@functools.partial(jax.jit, static_argnames=("inner",), donate_argnums=2)
+def _rounds(target_params, draft_weights, state: SpecState, inner: int):
+    def body_fn(_, s):
+        return speculative_round(target_params, draft_weights, s).replace(lengths=state.lengths, done=state.done)
+
+    return jax.lax.fori_loop(0, inner, body_fn, state)
+
+
+@functools.partial(jax.jit, static_argnames=("inner",), donate_argnums=2)
+def _proposals(target_params, draft_weights, state: SpecState, inner: int):
+    """`inner` proposals from one committed state: what a round spends before its verify.
+
+    The drafter's state carries from one proposal to the next as it does across rounds
+    (there is no update in between: `update` is bookkeeping the round's commit pays for).
+    Returns (state, checksum [B]).
+    """
+    plan = state.plan
+
+    def body_fn(i, carry):
+        draft_state, checksum = carry
+        # The committed sequence is the same every iteration, so XLA would hoist whatever
+        # reads only it (all of a prompt lookup) out of the loop; the barrier ties it to the
+        # carried state, so each iteration does the work a round does.
+        tokens, lengths, draft_state = jax.lax.optimization_barrier((state.tokens, state.lengths, draft_state))
+        ctx = DraftContext(
+            tokens=tokens,
+            lengths=lengths,
+            prompt_lengths=state.prompt_lengths,
+            done=state.done,
+            target_params=target_params,
+            target=plan.target,
+            num_speculative_tokens=plan.num_speculative_tokens,
+            sampling=plan.sampling,
+            cache=plan.cache,
+        )
+        proposal, draft_state = plan.drafter.propose(draft_weights, draft_state, ctx, jax.random.fold_in(state.rng, i))
+        # Consume every token and, as the acceptance rule does, q at every drafted token, so
+        # that XLA drops none of the proposal as dead code.
+        checksum = checksum + proposal.tokens.sum(axis=1).astype(jnp.float32)
+        if proposal.q is not None:
+            checksum = checksum + jnp.take_along_axis(proposal.q, proposal.tokens[..., None], axis=-1).sum(axis=(1, 2))
+        return draft_state, checksum
+
+    init = (state.draft_state, jnp.zeros(state.lengths.shape, jnp.float32))
+    draft_state, checksum = jax.lax.fori_loop(0, inner, body_fn, init)
+    return state.replace(draft_state=draft_state), checksum
+
+
+def loop_key(part: str, target: Model, draft, batch: int, k: int, context: int, temperature: float) -> tuple:
+    """What identifies a timed loop: its part, the arrays it reads (by identity) and its shapes."""
+    if part == "step":
+        return (part, id(target.params), batch, context, temperature)
+    drafter = as_drafter(draft)
+    weights = jax.tree.leaves(drafter.weights())
+    return (part, id(target.params), drafter.without_weights(), *map(id, weights), batch, k, context, temperature)
+
+
+def loop_call(part: str, target: Model, draft, batch: int, k: int, context: int, temperature: float, inner: int):
+    """A callable running `inner` iterations of `part`; returns arrays to block on."""
+    if part not in PARTS:
+        raise ValueError(f"part must be one of {PARTS}, got {part!r}")
+    sampling = SamplingConfig(temperature)
+    prompt_length = context // 2  # the middle of the cache: the mask reads every slot anyway
+    prompt = jnp.ones((batch, prompt_length), jnp.int32)
+    lengths = jnp.full((batch,), prompt_length, jnp.int32)
+    args = (prompt, lengths, jnp.int32(context), jnp.int32(-1), jax.random.key(0))
+    if part == "step":
+        state = jax.jit(decode_init, static_argnums=(6, 7))(target.params, *args, target.config, context)
+    else:
+        drafter = as_drafter(draft)
+        weights = drafter.weights()
+        plan = SpecPlan(target.config, drafter.without_weights(), k, sampling, default_rule(sampling))
+        state = jax.jit(spec_init, static_argnums=(7, 8))(target.params, weights, *args, plan, context)
+
+    def call():
+        nonlocal state
+        if part == "step":
+            state = _decode_steps(target.params, state, target.config, sampling, inner)
+            return state.tokens
+        if part == "round":
+            state = _rounds(target.params, weights, state, inner)
+            return state.tokens
+        state, checksum = _proposals(target.params, weights, state, inner)
+        return checksum
+
+    return call

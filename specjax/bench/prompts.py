@@ -1,0 +1,143 @@
+"""The bench's prompts: held-out corpus prompts (the default), or your own from files.
+
+A config's `prompts:` is one source or a list of them (config.Prompts); every prompt gets
+a category, and every metric is reported per category as well as pooled ("all").
+
+Files (`file: PATH`, relative to the working directory):
+  .jsonl  one JSON object per line, with `prompt` (a string) or Spec-Bench's `turns` (a
+          list of strings: the first turn is the prompt, since later turns need the
+          model's own replies), and an optional `category`. Blank lines are skipped.
+  other   plain text: prompts are separated by one or more blank lines, so a prompt may
+          span several lines (code), and its line breaks are kept. One category per file.
+  A prompt without a category of its own takes the source's `category`, else the file's
+  stem (`specbench.jsonl` -> "specbench").
+Corpus sources take their domain ("code", "prose") as category.
+
+Lengths: corpus prompts are cut to the shortest of them, as before, so they share one
+compiled program per spec. File prompts are kept whole (ragged); the engine pads each
+request to a power-of-two bucket, and measure.py batches prompts of similar length, so
+the number of compiled programs grows with the spread of lengths, not with the count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from specjax.bench.config import Prompts
+from specjax.training.data import held_out_prompts
+
+CORPUS_COUNT = 8  # held-out prompts per corpus source when `count` is not given
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSet:
+    tokens: list[list[int]]  # token ids per prompt (ragged when prompts come from files)
+    categories: list[str]  # one per prompt
+
+    @property
+    def names(self) -> list[str]:
+        """The categories in order of first appearance."""
+        return list(dict.fromkeys(self.categories))
+
+
+def _jsonl_text(record, where: str) -> str:
+    if not isinstance(record, dict):
+        raise ValueError(
+            f"{where}: expected a JSON object with a 'prompt' or 'turns' field, got {type(record).__name__}"
+        )
+    if "prompt" in record:
+        text = record["prompt"]
+    elif "turns" in record:
+        turns = record["turns"]
+        if not isinstance(turns, list) or not turns:
+            raise ValueError(f"{where}: 'turns' must be a non-empty list of strings, got {turns!r}")
+        text = turns[0]
+    else:
+        raise ValueError(f"{where}: the object has neither a 'prompt' nor a 'turns' field (keys: {sorted(record)})")
+    if not isinstance(text, str):
+        raise ValueError(f"{where}: the prompt must be a string, got {text!r}")
+    return text
+
+
+def read_jsonl(path: Path, default_category: str) -> list[tuple[str, str]]:
+    """(category, text) per non-blank line."""
+    out = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}, line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+        category = record.get("category", default_category) if isinstance(record, dict) else default_category
+        if not isinstance(category, str) or not category or category == "all":
+            raise ValueError(f"{where}: 'category' must be a non-empty string other than 'all', got {category!r}")
+        out.append((category, _jsonl_text(record, where)))
+    return out
+
+
+def read_text(path: Path, category: str) -> list[tuple[str, str]]:
+    """(category, text) per blank-line-separated block; a block's own line breaks are kept."""
+    blocks, lines = [], []
+    for line in [*path.read_text(encoding="utf-8").splitlines(), ""]:
+        if line.strip():
+            lines.append(line)
+        elif lines:
+            blocks.append("\n".join(lines))
+            lines = []
+    return [(category, block) for block in blocks]
+
+
+def read_source(source: Prompts) -> list[tuple[str, str]]:
+    """(category, text) of one source, in order."""
+    if source.file is None:
+        count = source.count or CORPUS_COUNT
+        texts = held_out_prompts(source.domain, count, source.prompt_bytes, source.split)
+        return [(source.category or source.domain, text) for text in texts]
+    path = Path(source.file)
+    if not path.is_file():
+        raise FileNotFoundError(f"prompts.file: {path} does not exist (paths are relative to the working directory)")
+    if path.suffix == ".json":
+        raise ValueError(f"prompts.file: {path}: use JSONL (.jsonl, one object per line) or a plain text file")
+    category = source.category or path.stem
+    prompts = read_jsonl(path, category) if path.suffix == ".jsonl" else read_text(path, category)
+    if not prompts:
+        raise ValueError(f"prompts.file: {path} holds no prompts")
+    empty = [i for i, (_, text) in enumerate(prompts) if not text.strip()]
+    if empty:
+        raise ValueError(f"prompts.file: {path}: prompt {empty[0]} is empty")
+    return prompts[: source.count] if source.count else prompts
+
+
+def encode(tokenizer, text: str, chat_template: bool) -> list[int]:
+    """Token ids of one prompt; with `chat_template`, as one user turn awaiting the reply."""
+    if not chat_template:
+        return tokenizer.encode(text)
+    if getattr(tokenizer, "apply_chat_template", None) is None or getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            f"prompts.chat_template is true, but the target's tokenizer ({type(tokenizer).__name__}) has no chat "
+            "template: specjax's byte-level models are trained on raw text. Set chat_template: false, or use a "
+            "Hugging Face model whose tokenizer defines a chat template."
+        )
+    messages = [{"role": "user", "content": text}]
+    templated = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(templated, add_special_tokens=False)  # the template holds its own special tokens
+
+
+def load_prompts(sources: list[Prompts], tokenizer) -> PromptSet:
+    """Read and encode every source (see the module docstring for formats and lengths)."""
+    tokens, categories, corpus = [], [], []
+    for source in sources:
+        for category, text in read_source(source):
+            if source.file is None:
+                corpus.append(len(tokens))
+            tokens.append(encode(tokenizer, text, source.chat_template))
+            categories.append(category)
+    if corpus:  # one length for corpus prompts: one compiled program per spec
+        shortest = min(len(tokens[i]) for i in corpus)
+        for i in corpus:
+            tokens[i] = tokens[i][:shortest]
+    return PromptSet(tokens, categories)
