@@ -41,7 +41,11 @@ TINY_BENCH = {
     "verify_cost": {"widths": [1, 2, 4], "batch_sizes": [1, 2], "context": 64},
     "k_sweep": {"ks": [1, K_MAX]},
     "batch_sweep": {"batch_sizes": [1, 4], "num_speculative_tokens": 2},
-    "context_sweep": {"contexts": [64, 128, 4096], "num_speculative_tokens": 2},
+    "context_sweep": {
+        "contexts": [64, 128, 4096],
+        "num_speculative_tokens": 2,
+        "fill_capacity": {"capacities": [128, 640], "fills": [16, 300], "cache_dtypes": [None, "bfloat16"]},
+    },
     "waste": {"ks": [1, K_MAX]},
     "sampling": {"ks": [2], "temperatures": [0.0, 1.0], "test_samples": 1500, "test_num_speculative_tokens": 2},
 }
@@ -165,9 +169,29 @@ def test_e2_verify_cost_is_relative_to_width_one(bench):
 
 def test_e5_kv_bytes_grow_linearly_and_oversized_contexts_are_skipped(bench):
     result = _experiment(bench, "context_sweep")
-    kv = {r["context"]: r["kv_cache_bytes"] for r in result["rows"]}
+    kv = {r["context"]: r["kv_cache_bytes"] for r in result["rows"] if r["kind"] == "context"}
     assert kv[128] == 2 * kv[64]
     assert result["skipped_contexts"] == [4096]  # beyond max_position_embeddings
+
+
+def test_e5_fill_and_capacity_vary_separately(bench):
+    rows = [r for r in _experiment(bench, "context_sweep")["rows"] if r["kind"] == "fill_capacity"]
+    shapes = {(r["capacity"], r["fill"], r["attention"], r["cache_dtype"]) for r in rows}
+    # Fill 300 does not fit a 128-slot cache; everything else is measured both ways, both dtypes.
+    assert len(shapes) == len(rows) == 3 * 2 * 2
+    read = {(r["capacity"], r["fill"], r["attention"], r["cache_dtype"]): r["kv_bytes_read"] for r in rows}
+    # Blockwise reads whole 256-slot blocks up to the fill; full reads the whole capacity.
+    assert read[(640, 16, "blockwise", "float32")] * 640 == read[(640, 16, "full", "float32")] * 256
+    assert read[(640, 300, "blockwise", "float32")] * 640 == read[(640, 300, "full", "float32")] * 512
+    assert read[(640, 16, "blockwise", "bfloat16")] * 2 == read[(640, 16, "blockwise", "float32")]
+    assert all(r["decode_seconds"] > 0 for r in rows)
+    dtypes = {
+        r["cache_dtype"]: r
+        for r in _experiment(bench, "context_sweep")["rows"]
+        if r["kind"] == "cache_dtype_acceptance"
+    }
+    assert set(dtypes) == {"float32", "bfloat16"}
+    assert all(1.0 <= r["mean_acceptance_length"] <= 3.0 for r in dtypes.values())
 
 
 def test_e6_every_verified_position_is_accounted_for(bench):

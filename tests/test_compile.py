@@ -112,3 +112,15 @@ def test_drafters_with_other_weights_share_one_program(target, noisy_draft, smal
     assert len(_generation_compiles(compiles)) == 3
     specjax.speculative_generate(target, specjax.PromptLookup(max_ngram=3), RAGGED_PROMPTS, **kwargs)
     assert len(_generation_compiles(compiles)) == 4
+
+
+def test_fill_changes_do_not_recompile_blockwise_attention(target, compiles):
+    """A cache of several attention blocks: the number of blocks read follows the fill,
+    a traced value, so prompts of other lengths in the same bucket reuse the program."""
+    cache = specjax.CacheConfig(block_size=16, prefill_chunk=16)
+    specjax.generate(target, [[1] * 3, [2] * 20], max_new_tokens=60, cache_config=cache)
+    first = len(_generation_compiles(compiles))
+    assert first == 1
+    specjax.generate(target, [[3] * 31, [4] * 17], max_new_tokens=60, cache_config=cache)
+    specjax.generate(target, [[5] * 18, [6] * 2], max_new_tokens=50, seed=2, cache_config=cache)
+    assert len(_generation_compiles(compiles)) == first

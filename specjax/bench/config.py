@@ -95,12 +95,26 @@ class BatchSweep:
 
 
 @dataclasses.dataclass(frozen=True)
+class FillCapacity:
+    """E5, second part: a decode step against fill and capacity varied separately, with
+    attention over the filled blocks only ("blockwise") and over every slot ("full", the
+    behaviour before blockwise attention), for each KV-cache dtype; and the trained pair's
+    acceptance with each cache dtype."""
+
+    capacities: list[int] = dataclasses.field(default_factory=lambda: [512, 2048, 8192])
+    fills: list[int] = dataclasses.field(default_factory=lambda: [128, 512, 2048])
+    cache_dtypes: list[str | None] = dataclasses.field(default_factory=lambda: [None, "bfloat16"])
+    attention: list[str] = dataclasses.field(default_factory=lambda: ["blockwise", "full"])
+
+
+@dataclasses.dataclass(frozen=True)
 class ContextSweep:
     """E5: decode and verify cost vs context length, beside the KV-cache bytes."""
 
     contexts: list[int] = dataclasses.field(default_factory=lambda: [128, 256, 512, 1024, 2048])
     batch_size: int = 1
     num_speculative_tokens: int = 4
+    fill_capacity: FillCapacity | None = None  # None: the context sweep alone
 
 
 @dataclasses.dataclass(frozen=True)

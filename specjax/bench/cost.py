@@ -19,6 +19,7 @@ import numpy as np
 from specjax.bench.loops import draft_model_of, loop_call, loop_key
 from specjax.bench.timing import interleaved, median, timed
 from specjax.drafters import Drafter, as_drafter
+from specjax.engine.loop import CacheConfig
 from specjax.io.model import Model
 from specjax.models import ModelConfig, forward, init_cache
 
@@ -109,6 +110,12 @@ class CostTable:
         """One `drafter.propose` of K tokens alone (loops.py), for any drafter."""
         return self._loop_seconds("propose", target, draft, batch, k, context, temperature)
 
+    def step_seconds(self, target: Model, batch: int, shapes: list[tuple[int, int, CacheConfig]]) -> list[float]:
+        """Plain decode steps at (capacity, fill, cache layout) shapes, timed round-robin."""
+        loops = [("step", target, None, batch, 0, capacity, 0.0, fill, cache) for capacity, fill, cache in shapes]
+        self._measure_loops(loops)
+        return [self._seconds[loop_key(*loop)] for loop in loops]
+
     def _loop_seconds(self, part, target, draft, batch, k, context, temperature) -> float:
         key = loop_key(part, target, draft, batch, k, context, temperature)
         if key not in self._seconds:
@@ -136,7 +143,7 @@ class CostTable:
 
     def _measure_loops(self, loops: list[tuple]) -> None:
         calls = {loop_key(*loop): loop for loop in loops}
-        calls = {key: loop_call(*loop, self.inner) for key, loop in calls.items() if key not in self._seconds}
+        calls = {key: loop_call(*loop, inner=self.inner) for key, loop in calls.items() if key not in self._seconds}
         times = interleaved(calls, self.repeats, warmup=1)
         self._seconds.update({key: median(t) / self.inner for key, t in times.items()})
 

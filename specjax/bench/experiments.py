@@ -22,6 +22,7 @@ from specjax.bench.cost import (
     round_seconds,
 )
 from specjax.bench.distribution import distribution_test
+from specjax.bench.fill import cache_dtype_rows, fill_capacity_rows, fill_summary
 from specjax.bench.loops import draft_model_of
 from specjax.bench.measure import POOLED, RunSpec, pooled
 from specjax.bench.methods import methods
@@ -228,11 +229,18 @@ def context_sweep(ctx: BenchContext) -> dict:
                 "kv_share_of_bytes": estimate["kv_cache_bytes"] / estimate["bytes_moved"],
             }
         )
+    for row in rows:
+        row["kind"] = "context"
+    summary = {"kv_bytes_per_token_per_row": kv_cache_bytes(target.config, 1, 1)}
+    if cfg.fill_capacity is not None:
+        fill_rows = fill_capacity_rows(ctx, cfg.fill_capacity, batch, k)
+        summary.update(fill_summary(fill_rows))
+        rows += fill_rows + cache_dtype_rows(ctx, cfg.fill_capacity, k)
     return {
-        "claim": "the KV cache grows linearly with context, and decode cost with it",
+        "claim": "the KV cache grows linearly with context, and decode cost with it (with the fill, not the capacity)",
         "rows": rows,
         "skipped_contexts": [c for c in cfg.contexts if c > limit],
-        "summary": {"kv_bytes_per_token_per_row": kv_cache_bytes(target.config, 1, 1)},
+        "summary": summary,
     }
 
 

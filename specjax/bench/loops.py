@@ -2,10 +2,12 @@
 drafter's `propose` alone (the draft time of any drafter, model or not).
 
 Each is a jitted `fori_loop` of `inner` iterations on one state built like a generation's
-(a prompt filling half the cache), rewound after every iteration so that any number of
-iterations fits the cache. Shapes are static, so an iteration costs the same whatever it
-accepts. `loop_call` returns a callable for timing.interleaved: the caller times rounds
-and proposals side by side, round-robin, so that their ratio holds on a noisy machine.
+(a prompt filling half the cache unless `fill` says otherwise), rewound after every
+iteration so that any number of iterations fits the cache. Attention reads only the cache
+blocks below the fill (models/attention.py), so fill and capacity both matter. Shapes are
+static, so an iteration costs the same whatever it accepts. `loop_call` returns a callable
+for timing.interleaved: the caller times rounds and proposals side by side, round-robin,
+so that their ratio holds on a noisy machine.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from specjax.drafters import DraftContext, Drafter, DraftModel, as_drafter
 from specjax.engine.acceptance import default_rule
 from specjax.engine.decode import DecodeState, decode_step
 from specjax.engine.decode import init_state as decode_init
+from specjax.engine.loop import DEFAULT_CACHE, CacheConfig
 from specjax.engine.sampling import SamplingConfig
 from specjax.engine.speculative import SpecPlan, SpecState, speculative_round
 from specjax.engine.speculative import init_state as spec_init
@@ -91,30 +94,56 @@ def _proposals(target_params, draft_weights, state: SpecState, inner: int):
     return state.replace(draft_state=draft_state), checksum
 
 
-def loop_key(part: str, target: Model, draft, batch: int, k: int, context: int, temperature: float) -> tuple:
+def loop_key(
+    part: str,
+    target: Model,
+    draft,
+    batch: int,
+    k: int,
+    context: int,
+    temperature: float,
+    fill: int | None = None,
+    cache: CacheConfig = DEFAULT_CACHE,
+) -> tuple:
     """What identifies a timed loop: its part, the arrays it reads (by identity) and its shapes."""
+    shape = (batch, context, temperature, fill, cache)
     if part == "step":
-        return (part, id(target.params), batch, context, temperature)
+        return (part, id(target.params), *shape)
     drafter = as_drafter(draft)
     weights = jax.tree.leaves(drafter.weights())
-    return (part, id(target.params), drafter.without_weights(), *map(id, weights), batch, k, context, temperature)
+    return (part, id(target.params), drafter.without_weights(), *map(id, weights), k, *shape)
 
 
-def loop_call(part: str, target: Model, draft, batch: int, k: int, context: int, temperature: float, inner: int):
-    """A callable running `inner` iterations of `part`; returns arrays to block on."""
+def loop_call(
+    part: str,
+    target: Model,
+    draft,
+    batch: int,
+    k: int,
+    context: int,
+    temperature: float,
+    fill: int | None = None,
+    cache: CacheConfig = DEFAULT_CACHE,
+    *,
+    inner: int,
+):
+    """A callable running `inner` iterations of `part` on a cache of `context` slots holding
+    `fill` committed tokens (default: half of them); returns arrays to block on."""
     if part not in PARTS:
         raise ValueError(f"part must be one of {PARTS}, got {part!r}")
     sampling = SamplingConfig(temperature)
-    prompt_length = context // 2  # the middle of the cache: the mask reads every slot anyway
+    prompt_length = context // 2 if fill is None else fill
+    if not 1 <= prompt_length <= context - k - 2:
+        raise ValueError(f"a fill of {prompt_length} leaves no room for a round of K={k} in {context} slots")
     prompt = jnp.ones((batch, prompt_length), jnp.int32)
     lengths = jnp.full((batch,), prompt_length, jnp.int32)
     args = (prompt, lengths, jnp.int32(context), jnp.int32(-1), jax.random.key(0))
     if part == "step":
-        state = jax.jit(decode_init, static_argnums=(6, 7))(target.params, *args, target.config, context)
+        state = jax.jit(decode_init, static_argnums=(6, 7, 8))(target.params, *args, target.config, context, cache)
     else:
         drafter = as_drafter(draft)
         weights = drafter.weights()
-        plan = SpecPlan(target.config, drafter.without_weights(), k, sampling, default_rule(sampling))
+        plan = SpecPlan(target.config, drafter.without_weights(), k, sampling, default_rule(sampling), cache)
         state = jax.jit(spec_init, static_argnums=(7, 8))(target.params, weights, *args, plan, context)
 
     def call():

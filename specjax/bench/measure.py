@@ -24,6 +24,7 @@ import numpy as np
 from specjax.bench.timing import median, timed
 from specjax.drafters import Drafter
 from specjax.engine.decode import prepare_generate
+from specjax.engine.loop import CacheConfig
 from specjax.engine.output import GenerationStats, PreparedGeneration
 from specjax.engine.speculative import prepare_speculative_generate
 from specjax.io.model import Model
@@ -54,6 +55,7 @@ class Workload:
     categories: list[str]  # one per prompt
     max_new_tokens: int
     seed: int = 0
+    cache_config: CacheConfig | None = None  # the KV-cache layout of every generation (None: default)
 
     @property
     def category_names(self) -> list[str]:
@@ -78,7 +80,12 @@ class Workload:
         return out
 
     def prepare(self, spec: RunSpec, prompts: list[list[int]]) -> PreparedGeneration:
-        common = dict(max_new_tokens=self.max_new_tokens, temperature=spec.temperature, seed=self.seed)
+        common = dict(
+            max_new_tokens=self.max_new_tokens,
+            temperature=spec.temperature,
+            seed=self.seed,
+            cache_config=self.cache_config,
+        )
         if spec.method == "plain":
             return prepare_generate(self.target, prompts, **common)
         return prepare_speculative_generate(

@@ -143,20 +143,44 @@ def batch_sweep(result: dict, path: Path, title: str) -> Path:
 
 
 def context_sweep(result: dict, path: Path, title: str) -> Path:
-    rows = result["rows"]
+    rows = [r for r in result["rows"] if r.get("kind", "context") == "context"]
+    fill_rows = [r for r in result["rows"] if r.get("kind") == "fill_capacity"]
     contexts = [r["context"] for r in rows]
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 3 if fill_rows else 2, figsize=(16 if fill_rows else 11, 4.2))
+    ax, ax2 = axes[0], axes[1]
     ax.plot(contexts, [1e3 * r["decode_seconds"] for r in rows], "o-", label="plain decode step")
     ax.plot(contexts, [1e3 * r["verify_seconds"] for r in rows], "s-", label="verify forward (width K+1)")
     ax.plot(contexts, [1e3 * r["round_seconds"] for r in rows], "^-", label="speculative round (draft, verify, accept)")
-    ax.set(xlabel="context (cache slots)", ylabel="ms per forward", title=title)
-    ax2.plot(contexts, [r["kv_cache_bytes"] / 2**20 for r in rows], "o-", label="KV cache read per step")
+    ax.set(xlabel="context (cache slots, half filled)", ylabel="ms per forward", title=title)
+    ax2.plot(contexts, [r["kv_cache_bytes"] / 2**20 for r in rows], "o-", label="KV cache (all slots)")
     ax2.plot(contexts, [r["weight_bytes"] / 2**20 for r in rows], "--", label="weights read per step")
-    ax2.set(xlabel="context (cache slots)", ylabel="MiB per step", title="bytes per decode step")
+    ax2.set(xlabel="context (cache slots)", ylabel="MiB", title="bytes per decode step")
     for a in (ax, ax2):
         a.set_xscale("log", base=2)
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
+    if fill_rows:
+        ax3 = axes[2]
+        dtype = fill_rows[0]["cache_dtype"]
+        for i, capacity in enumerate(sorted({r["capacity"] for r in fill_rows})):
+            for attention, style in (("blockwise", "o-"), ("full", "x--")):
+                mine = [
+                    r
+                    for r in fill_rows
+                    if r["capacity"] == capacity and r["attention"] == attention and r["cache_dtype"] == dtype
+                ]
+                mine.sort(key=lambda r: r["fill"])
+                if mine:
+                    fills = [r["fill"] for r in mine]
+                    times = [1e3 * r["decode_seconds"] for r in mine]
+                    ax3.plot(fills, times, style, color=f"C{i}", label=f"capacity {capacity}, {attention}")
+        ax3.set(
+            xlabel="fill (committed tokens)", ylabel="ms per decode step", title=f"fill vs capacity ({dtype} cache)"
+        )
+        ax3.set_xscale("log", base=2)
+        ax3.set_yscale("log")
+        ax3.grid(alpha=0.3)
+        ax3.legend(fontsize=7)
     return _save(fig, path)
 
 
