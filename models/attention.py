@@ -26,8 +26,8 @@ def attend(q, k, v, positions, cache: KVCache, layer: int):
     # One scatter per tensor; indices past the cache end are dropped, and callers
     # guarantee they never occur. The cache may hold a narrower dtype than the params.
     rows = jnp.arange(q.shape[0])[:, None]  # [B, 1]
-    cache_k = cache.k.at[layer, rows, positions].set(k.astype(cache.k.dtype), mode="drop")
-    cache_v = cache.v.at[layer, rows, positions].set(v.astype(cache.v.dtype), mode="drop")
+    cache_k = cache.k.at[layer, rows, positions].set(cache.encode(k), mode="drop")
+    cache_v = cache.v.at[layer, rows, positions].set(cache.encode(v), mode="drop")
     cache = cache.replace(k=cache_k, v=cache_v)
 
     # Grouped-query attention: the H query heads are n_kv groups of G heads.
@@ -35,9 +35,9 @@ def attend(q, k, v, positions, cache: KVCache, layer: int):
     n_kv = cache_k.shape[3]
     q = q.reshape(b, t, n_kv, h // n_kv, hd)  # [B, T, n_kv, G, d_head]
     if cache.max_length <= cache.block_size:
-        out = _full(q, cache_k[layer], cache_v[layer], positions)
+        out = _full(q, cache.decode(cache_k[layer]), cache.decode(cache_v[layer]), positions)
     else:
-        out = _blockwise(q, cache_k, cache_v, layer, positions, cache.block_size)
+        out = _blockwise(q, cache, layer, positions)
     return out.reshape(b, t, h, hd).astype(q.dtype), cache
 
 
@@ -53,13 +53,13 @@ def _full(q, keys, values, positions):
     return jnp.einsum("bngts,bsnk->btngk", weights, values.astype(q.dtype))
 
 
-def _blockwise(q, cache_k, cache_v, layer: int, positions, block: int):
+def _blockwise(q, cache: KVCache, layer: int, positions):
     """Online softmax over cache blocks below max(positions) + 1.
 
-    q [B, T, n_kv, G, d]; cache_k, cache_v [layers, B, S, n_kv, d] -> [B, T, n_kv, G, d].
+    q [B, T, n_kv, G, d]; cache.k, cache.v [layers, B, S, n_kv, d] -> [B, T, n_kv, G, d].
     """
     b, t, n_kv, g, hd = q.shape
-    s = cache_k.shape[2]
+    s, block = cache.max_length, cache.block_size
     # Blocks holding any slot a query may see; the last block of a cache whose length is
     # not a multiple of `block` is read from s - block, and slots an earlier block already
     # covered are masked out of it.
@@ -68,8 +68,8 @@ def _blockwise(q, cache_k, cache_v, layer: int, positions, block: int):
     def body_fn(i, carry):
         running_max, total, acc = carry  # [B, n_kv, G, T], [B, n_kv, G, T], [B, T, n_kv, G, d] f32
         start = jnp.minimum(i * block, s - block)
-        keys = jax.lax.dynamic_slice(cache_k, (layer, 0, start, 0, 0), (1, b, block, n_kv, hd))[0]
-        values = jax.lax.dynamic_slice(cache_v, (layer, 0, start, 0, 0), (1, b, block, n_kv, hd))[0]
+        keys = cache.decode(jax.lax.dynamic_slice(cache.k, (layer, 0, start, 0, 0), (1, b, block, n_kv, hd))[0])
+        values = cache.decode(jax.lax.dynamic_slice(cache.v, (layer, 0, start, 0, 0), (1, b, block, n_kv, hd))[0])
         scores = jnp.einsum("btngk,bsnk->bngts", q, keys.astype(q.dtype)).astype(jnp.float32) / jnp.sqrt(hd)
         slots = start + jnp.arange(block)
         visible = (slots[None, None, :] <= positions[:, :, None]) & (slots >= i * block)  # [B, T, block]

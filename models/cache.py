@@ -23,12 +23,30 @@ class KVCache:
     before any query can reach them.
     """
 
-    k: jax.Array  # [layers, B, S, n_kv, d_head]
+    k: jax.Array  # [layers, B, S, n_kv, d_head] in the storage dtype (see `dtype`)
     v: jax.Array  # [layers, B, S, n_kv, d_head]
     lengths: jax.Array  # [B] int32: slots 0..lengths-1 hold K/V of the committed sequence
     # Attention reads the cache in blocks of this many slots, and only the blocks below the
     # highest query position (models/attention.py): cost follows the fill, not S.
     block_size: int = struct.field(pytree_node=False, default=DEFAULT_BLOCK_SIZE)
+    # The K/V element dtype. 16-bit floats are stored as their uint16 bit patterns: XLA:CPU
+    # has no native bfloat16 scatter and rewrites the whole buffer through float32 on every
+    # write (1.8 ms per step for 6 layers x 8192 slots, against 2 us in place), while an
+    # integer scatter updates in place. The bitcast is free on every backend.
+    dtype: str = struct.field(pytree_node=False, default="float32")
+
+    @property
+    def storage_bits(self) -> bool:
+        return self.k.dtype == jnp.uint16
+
+    def encode(self, x: jax.Array) -> jax.Array:
+        """Values -> storage: cast to `dtype`, then to its bit pattern if 16-bit."""
+        x = x.astype(self.dtype)
+        return jax.lax.bitcast_convert_type(x, jnp.uint16) if self.storage_bits else x
+
+    def decode(self, x: jax.Array) -> jax.Array:
+        """Storage -> values in `dtype` (a slice of k or v)."""
+        return jax.lax.bitcast_convert_type(x, jnp.dtype(self.dtype)) if self.storage_bits else x
 
     @property
     def max_length(self) -> int:
@@ -59,9 +77,11 @@ def init_cache(config, batch_size: int, max_length: int, dtype=None, block_size:
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     dtype = jnp.dtype(config.dtype if dtype is None else dtype)
+    storage = jnp.uint16 if dtype.itemsize == 2 else dtype
     return KVCache(
-        k=jnp.zeros(shape, dtype),
-        v=jnp.zeros(shape, dtype),
+        k=jnp.zeros(shape, storage),
+        v=jnp.zeros(shape, storage),
         lengths=jnp.zeros((batch_size,), jnp.int32),
         block_size=block_size,
+        dtype=dtype.name,
     )

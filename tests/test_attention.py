@@ -55,6 +55,18 @@ def test_blockwise_logits_equal_full_forward_at_every_width():
     np.testing.assert_allclose(np.concatenate(pieces, axis=1), reference, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("block", [8, 256])
+def test_bfloat16_cache_logits_are_float32_logits_with_rounded_kv(block):
+    model = scaled_model(LONG, seed=4, scale=4.0)
+    tokens = jnp.asarray(np.random.default_rng(5).integers(0, LONG.vocab_size, size=(2, 40)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(40, dtype=jnp.int32), (2, 40))
+    wide, _ = forward(LONG, model.params, tokens, positions, init_cache(LONG, 2, 64, block_size=block))
+    narrow, cache = forward(LONG, model.params, tokens, positions, init_cache(LONG, 2, 64, "bfloat16", block))
+    assert cache.k.dtype == jnp.uint16
+    wide, narrow = np.asarray(wide), np.asarray(narrow)
+    assert 0 < np.abs(narrow - wide).max() < 0.05 * np.abs(wide).max()
+
+
 @pytest.mark.parametrize("chunk", [8, 24, 64])
 def test_chunked_prefill_equals_one_shot(chunk):
     model = scaled_model(LONG, seed=1, scale=4.0)
@@ -98,7 +110,11 @@ def test_bfloat16_cache_for_float32_params(target):
     state = specjax.init_speculative_state(
         target, target, prompts, num_speculative_tokens=2, cache_config=specjax.CacheConfig(dtype="bfloat16")
     )
-    assert state.target_cache.k.dtype == jnp.bfloat16 and state.draft_state.cache.k.dtype == jnp.bfloat16
+    assert state.target_cache.dtype == "bfloat16" and state.draft_state.cache.dtype == "bfloat16"
+    # Stored as bit patterns (an in-place integer scatter on CPU), read back as bfloat16.
+    assert state.target_cache.k.dtype == jnp.uint16 and state.target_cache.num_bytes * 2 == (
+        specjax.init_cache(target.config, 2, state.tokens.shape[1]).num_bytes
+    )
     assert [len(t) for t in out.tokens] == [12, 12]
     with pytest.raises(ValueError, match=r"CacheConfig\.dtype must be"):
         specjax.CacheConfig(dtype="int8")
