@@ -8,6 +8,7 @@ context, in one process per XLA flag set (flags are read at startup), widths rou
 within each process, and reports cost(w) / cost(1) and milliseconds per forward.
 
     python scripts/verify_width_cpu.py --out results/verify_width_cpu.json
+    python scripts/verify_width_cpu.py --matmul --out results/verify_width_matmul.json
 """
 
 from __future__ import annotations
@@ -74,6 +75,38 @@ def one(widths: list[int], context: int, inner: int, repeats: int, hidden: int, 
     return {"parameters": model.num_parameters, "ms_per_forward": ms, "relative": {w: ms[w] / ms[1] for w in ms}}
 
 
+def matmul_widths(widths: list[int], d: int = 768, n: int = 8192, calls: int = 200) -> dict:
+    """One weight matrix [d, n] times [m, d] activations: ms per product for each width m,
+    as one dot (x @ w), with the weight transposed (w.T @ x.T), and as m matrix-vector
+    products. Isolates the dot kernel from the rest of the forward."""
+    import time
+
+    import jax
+    import jax.numpy as jnp
+
+    w = jax.random.normal(jax.random.key(0), (d, n), jnp.float32)
+    wt = jnp.asarray(w.T)
+    forms = {
+        "x @ w": (jax.jit(lambda x, w: x @ w), w),
+        "(w.T @ x.T).T": (jax.jit(lambda x, wt: (wt @ x.T).T), wt),
+        "m matrix-vector products": (
+            jax.jit(lambda x, w: jnp.concatenate([x[i : i + 1] @ w for i in range(x.shape[0])])),
+            w,
+        ),
+    }
+    out = {"weight_bytes": int(w.nbytes), "ms": {}}
+    for m in widths:
+        x = jax.random.normal(jax.random.key(1), (m, d), jnp.float32)
+        for name, (fn, weight) in forms.items():
+            fn(x, weight).block_until_ready()
+            start = time.perf_counter()
+            for _ in range(calls):
+                result = fn(x, weight)
+            result.block_until_ready()
+            out["ms"].setdefault(name, {})[m] = 1e3 * (time.perf_counter() - start) / calls
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--widths", default="1,2,3,4,5,8,16")
@@ -86,8 +119,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="each variant's process runs this often, alternating")
     parser.add_argument("--out", default="results/verify_width_cpu.json")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--matmul", action="store_true", help="time one [768, 8192] fp32 weight product instead")
     args = parser.parse_args()
     widths = [int(w) for w in args.widths.split(",")]
+    if args.matmul:
+        result = matmul_widths(widths)
+        for name, times in result["ms"].items():
+            print(f"{name:>26}: " + "  ".join(f"m={m} {t:.3f} ms" for m, t in times.items()))
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        return
     if args.one:
         print(json.dumps(one(widths, args.context, args.inner, args.repeats, args.hidden, args.layers)))
         return
