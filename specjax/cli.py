@@ -12,6 +12,7 @@ import yaml
 
 from specjax.drafters import make_drafter
 from specjax.engine.decode import generate
+from specjax.engine.loop import CacheConfig
 from specjax.engine.speculative import speculative_generate
 from specjax.io.embedded import default_pair, embedded_names
 from specjax.io.presets import RANDOM_PRESETS, resolve_model
@@ -77,6 +78,16 @@ def _add_generate(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (and random-init seed)")
     p.add_argument("--eos-token-id", type=int, default=None, help="stop a row at this token (default: the tokenizer's)")
     p.add_argument("--ignore-eos", action="store_true", help="never stop early: always generate --max-new-tokens")
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default=None,
+        help="KV-cache storage dtype (default: the params' dtype)",
+    )
+    p.add_argument("--prefill-chunk", type=int, default=512, help="prefill long prompts in chunks of this many tokens")
+    p.add_argument(
+        "--attention-block", type=int, default=256, help="attention reads the KV cache in blocks of this size"
+    )
     p.add_argument("--warmup", action="store_true", help="run once first so the timing excludes compilation")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(func=_generate)
@@ -90,7 +101,8 @@ def _generate(args) -> int:
     prompts_text = args.prompt or ["def "]
     eos = None if args.ignore_eos else args.eos_token_id or getattr(tokenizer, "eos_token_id", None)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    common = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, eos_token_id=eos, **sampling)
+    cache = CacheConfig(dtype=args.kv_cache_dtype, block_size=args.attention_block, prefill_chunk=args.prefill_chunk)
+    common = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, eos_token_id=eos, cache_config=cache, **sampling)
     draft = None if args.plain else _drafter(args, target)
 
     def run():

@@ -34,6 +34,18 @@ def test_plain_generate_matches_speculative_greedy(capsys):
     assert plain["tokens"] == speculative["tokens"]
 
 
+def test_drafters_and_cache_options_from_the_command_line(capsys):
+    args = ["generate", "--prompt", "import os\nimport sys\nimport", "--max-new-tokens", "8", "--json"]
+    main([*args, "--plain"])
+    plain = json.loads(capsys.readouterr().out)
+    for drafter, kind in (("prompt-lookup", "prompt_lookup"), ("layer-skip:2", "layer_skip")):
+        main([*args, "--drafter", drafter, "--attention-block", "8", "--prefill-chunk", "8"])
+        result = json.loads(capsys.readouterr().out)
+        assert result["tokens"] == plain["tokens"] and result["stats"]["drafter"]["kind"] == kind
+    assert main([*args, "--drafter", "{kind: prompt_lookup, max_ngram: 0}"]) == 2
+    assert "min_ngram <= max_ngram" in capsys.readouterr().err
+
+
 def test_bad_k_is_a_clean_error(capsys):
     assert main(["generate", "-k", "0"]) == 2
     assert "num_speculative_tokens must be an integer >= 1" in capsys.readouterr().err
