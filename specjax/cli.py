@@ -257,7 +257,8 @@ def _bench(args) -> int:
             for k, v in experiment["summary"].items()
             if not isinstance(v, dict)
         )
-        print(f"{experiment['id']} {name} ({experiment['seconds']:.0f} s): {summary}")
+        compiled = experiment["compiled_programs"]
+        print(f"{experiment['id']} {name} ({experiment['seconds']:.0f} s, {compiled} programs compiled): {summary}")
     print(f"wrote {args.out}/results.json, results.csv, summary.md and one PNG + CSV per experiment")
     return 0
 

@@ -13,6 +13,7 @@ from conftest import TARGET_CONFIG, noisy_copy, scaled_model
 
 import specjax
 from specjax.bench import EXPERIMENTS, BenchConfig, run_bench
+from specjax.bench.compiles import compiled_programs
 from specjax.bench.cost import (
     batch_tokens_per_round,
     expected_tokens_per_round,
@@ -132,6 +133,20 @@ def test_bench_writes_results_plots_and_tables(bench):
     assert all(row[field] != "" for row in rows for field in ROW_FIELDS)
     summary = (out / "summary.md").read_text()
     assert all(f"![{name}]" in summary for name in TINY_EXPERIMENTS)
+    # Programs compiled are logged per experiment; caches are cleared between experiments,
+    # so every experiment compiles its own (E2 times forwards, E3 runs generations).
+    counts = {name: e["compiled_programs"] for name, e in results["experiments"].items()}
+    assert all(counts[name] > 0 for name in ("verify_cost", "k_sweep", "context_sweep"))
+    assert results["compiled_programs"] == sum(counts.values())
+
+
+def test_compiled_programs_counts_compiles_not_cache_hits():
+    before = compiled_programs()
+    double = jax.jit(lambda x: 2 * x + 1)
+    double(np.ones(3, np.float32))
+    assert compiled_programs() == before + 1
+    double(np.zeros(3, np.float32))  # same shape: a cache hit
+    assert compiled_programs() == before + 1
 
 
 def test_measured_rows_are_consistent(bench):

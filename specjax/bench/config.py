@@ -197,6 +197,9 @@ class BenchConfig:
     seed: int = 0
     timing: Timing = Timing()
     bandwidth_megabytes: int = 256  # array size of the memory-bandwidth measurement
+    # Clear JAX's compilation caches after every experiment, so the process never holds
+    # more than one experiment's compiled programs (bench/compiles.py explains why).
+    clear_caches: bool = True
     experiments: list[str] = dataclasses.field(default_factory=lambda: list(EXPERIMENTS))
     tokens_per_round: TokensPerRound = TokensPerRound()
     verify_cost: VerifyCost = VerifyCost()

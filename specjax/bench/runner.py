@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import jax
 from tqdm.auto import tqdm
 
 from specjax.bench import plots
+from specjax.bench.compiles import compiled_programs
 from specjax.bench.config import EXPERIMENTS, BenchConfig
 from specjax.bench.context import BenchContext
 from specjax.bench.experiments import EXPERIMENT_FUNCTIONS
@@ -43,14 +45,19 @@ def run_bench(
         "rows": [],
     }
     names = [name for name in EXPERIMENTS if name in config.experiments]
+    compiled_before = compiled_programs()
     for name in tqdm(names, desc="experiments", disable=not progress):
         experiment_id = EXPERIMENTS[name]
-        start = time.perf_counter()
+        start, compiled_start = time.perf_counter(), compiled_programs()
         experiment = EXPERIMENT_FUNCTIONS[name](ctx)
         stem = f"{experiment_id.lower()}_{name}"
         experiment.update(id=experiment_id, plot=f"{stem}.png", csv=f"{stem}.csv")
         plots.PLOTS[name](experiment, out_dir / experiment["plot"], f"{experiment_id}: {name.replace('_', ' ')}")
         experiment["seconds"] = time.perf_counter() - start
+        experiment["compiled_programs"] = compiled_programs() - compiled_start
+        results["compiled_programs"] = compiled_programs() - compiled_before
+        if config.clear_caches:
+            jax.clear_caches()  # bound live executables (see bench/compiles.py)
         results["experiments"][name] = experiment
         # Timed generation rows carry tokens_per_second; they also go to the run-wide table.
         results["rows"] += [{"experiment": experiment_id, **r} for r in experiment["rows"] if "tokens_per_second" in r]
