@@ -31,10 +31,6 @@ def _itemsize(config: ModelConfig) -> int:
     return jnp.dtype(config.dtype).itemsize
 
 
-def _head_dim(config: ModelConfig) -> int:
-    return config.head_dim or config.hidden_size // config.num_attention_heads
-
-
 def matmul_parameters(model: Model) -> int:
     """Parameters a forward multiplies by: all but lookup tables, plus a tied LM head."""
     sizes = {name: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(sub)) for name, sub in model.params.items()}
@@ -44,10 +40,14 @@ def matmul_parameters(model: Model) -> int:
     return total
 
 
-def kv_cache_bytes(config: ModelConfig, batch: int, context: int) -> int:
-    """2 (K and V) * layers * context * n_kv * d_head * bytes, per row, times rows."""
+def kv_cache_bytes(config: ModelConfig, batch: int, context: int, dtype: str | None = None) -> int:
+    """2 (K and V) * layers * context * n_kv * d_head * bytes, per row, times rows.
+
+    dtype: the cache's element dtype when it differs from the params' (CacheConfig.dtype).
+    """
     kv_heads = config.num_attention_heads if config.model_type == "gpt2" else config.num_key_value_heads
-    return 2 * config.num_hidden_layers * context * kv_heads * _head_dim(config) * _itemsize(config) * batch
+    itemsize = jnp.dtype(dtype or config.dtype).itemsize
+    return 2 * config.num_hidden_layers * context * kv_heads * config.resolved_head_dim * itemsize * batch
 
 
 def forward_estimate(model: Model, batch: int, width: int, context: int) -> dict:
@@ -62,7 +62,7 @@ def forward_estimate(model: Model, batch: int, width: int, context: int) -> dict
     weight_bytes = matmul_parameters(model) * _itemsize(config)
     kv_bytes = kv_cache_bytes(config, batch, context)
     # 2 FLOPs per multiply-add; attention: q.k and p.v over `context` slots for every head.
-    attention = 4 * config.num_hidden_layers * tokens * context * config.num_attention_heads * _head_dim(config)
+    attention = 4 * config.num_hidden_layers * tokens * context * config.num_attention_heads * config.resolved_head_dim
     flops = 2 * matmul_parameters(model) * tokens + attention
     moved = weight_bytes + kv_bytes
     return {

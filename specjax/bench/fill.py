@@ -11,20 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
-
 from specjax.bench.config import FillCapacity
 from specjax.bench.context import BenchContext
+from specjax.bench.cost import kv_cache_bytes
 from specjax.bench.measure import POOLED, acceptance
 from specjax.engine.loop import CacheConfig
-from specjax.models import ModelConfig
-
-
-def kv_bytes_read(config: ModelConfig, batch: int, slots: int, dtype: str | None) -> int:
-    """K and V of every layer over `slots` cache slots per row, in the cache's dtype."""
-    kv_heads = config.num_attention_heads if config.model_type == "gpt2" else config.num_key_value_heads
-    itemsize = jnp.dtype(dtype or config.dtype).itemsize
-    return 2 * config.num_hidden_layers * slots * kv_heads * config.resolved_head_dim * itemsize * batch
 
 
 def _layout(attention: str, capacity: int, dtype: str | None) -> CacheConfig:
@@ -66,7 +57,7 @@ def fill_capacity_rows(ctx: BenchContext, cfg: FillCapacity, batch: int, k: int)
                 "batch_size": batch,
                 "decode_seconds": s,
                 "slots_read": slots,
-                "kv_bytes_read": kv_bytes_read(target.config, batch, slots, dtype),
+                "kv_bytes_read": kv_cache_bytes(target.config, batch, slots, dtype),
             }
         )
     return rows

@@ -17,13 +17,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from specjax.drafters import DraftContext, Drafter, DraftModel, as_drafter
+from specjax.drafters import Drafter, DraftModel, as_drafter
 from specjax.engine.acceptance import default_rule
 from specjax.engine.decode import DecodeState, decode_step
 from specjax.engine.decode import init_state as decode_init
 from specjax.engine.loop import DEFAULT_CACHE, CacheConfig
 from specjax.engine.sampling import SamplingConfig
-from specjax.engine.speculative import SpecPlan, SpecState, speculative_round
+from specjax.engine.speculative import SpecPlan, SpecState, draft_context, speculative_round
 from specjax.engine.speculative import init_state as spec_init
 from specjax.io.model import Model
 from specjax.models import ModelConfig
@@ -70,17 +70,7 @@ def _proposals(target_params, draft_weights, state: SpecState, inner: int):
         # reads only it (all of a prompt lookup) out of the loop; the barrier ties it to the
         # carried state, so each iteration does the work a round does.
         tokens, lengths, draft_state = jax.lax.optimization_barrier((state.tokens, state.lengths, draft_state))
-        ctx = DraftContext(
-            tokens=tokens,
-            lengths=lengths,
-            prompt_lengths=state.prompt_lengths,
-            done=state.done,
-            target_params=target_params,
-            target=plan.target,
-            num_speculative_tokens=plan.num_speculative_tokens,
-            sampling=plan.sampling,
-            cache=plan.cache,
-        )
+        ctx = draft_context(state.replace(tokens=tokens, lengths=lengths), target_params)
         proposal, draft_state = plan.drafter.propose(draft_weights, draft_state, ctx, jax.random.fold_in(state.rng, i))
         # Consume every token and, as the acceptance rule does, q at every drafted token, so
         # that XLA drops none of the proposal as dead code.

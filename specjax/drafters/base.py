@@ -21,6 +21,7 @@ as long as `q` is the distribution it really drew from (None: a deterministic pr
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import jax
@@ -59,7 +60,7 @@ class Proposal:
     found: jax.Array | None = None  # [B] bool: rows with a real proposal (None: every row)
 
 
-class Drafter:
+class Drafter(abc.ABC):
     """Base class of every drafter. Subclass it as a frozen dataclass.
 
     Override `init` and `propose`; `update`, `stats`, `weights`, `without_weights` and
@@ -78,7 +79,11 @@ class Drafter:
         return self
 
     def check(self, target_config: ModelConfig, num_speculative_tokens: int) -> None:
-        """Raise ValueError, naming the problem, if this drafter cannot serve `target_config`."""
+        """Raise ValueError, naming the problem, if this drafter cannot serve `target_config`.
+
+        The default accepts any target (a drafter that reads nothing of the target's).
+        """
+        del target_config, num_speculative_tokens
 
     def tolerating_lag(self, lag: int) -> Drafter:
         """This drafter, able to catch up when its state lags the committed sequence by up to
@@ -86,13 +91,13 @@ class Drafter:
         del lag
         return self
 
+    @abc.abstractmethod
     def init(self, weights, ctx: DraftContext, prompt: jax.Array, cache_length: int) -> Any:
         """State after the prefill. prompt [B, T_bucket] right-padded; ctx.lengths = prompt lengths."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def propose(self, weights, state, ctx: DraftContext, key: jax.Array) -> tuple[Proposal, Any]:
         """K = ctx.num_speculative_tokens tokens per row for positions lengths..lengths+K-1."""
-        raise NotImplementedError
 
     def update(self, weights, state, ctx: DraftContext, num_accepted: jax.Array) -> Any:
         """State after the commit: ctx holds the new tokens and lengths; num_accepted [B]."""

@@ -32,7 +32,6 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax.drafters.base import DraftContext, Drafter, Proposal
-from specjax.models import ModelConfig
 
 
 @struct.dataclass
@@ -97,9 +96,6 @@ class PromptLookup(Drafter):
             )
         if self.prefer not in ("latest", "earliest"):
             raise ValueError(f"PromptLookup.prefer must be 'latest' or 'earliest', got {self.prefer!r}")
-
-    def check(self, target_config: ModelConfig, num_speculative_tokens: int) -> None:
-        pass
 
     def init(self, weights, ctx: DraftContext, prompt, cache_length: int) -> LookupState:
         return LookupState(no_match_rounds=jnp.zeros(ctx.lengths.shape, jnp.int32))

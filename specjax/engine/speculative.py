@@ -60,7 +60,8 @@ class SpecState:
     plan: SpecPlan = struct.field(pytree_node=False)
 
 
-def _context(state: SpecState, target_params) -> DraftContext:
+def draft_context(state: SpecState, target_params) -> DraftContext:
+    """What the drafter may read of `state`: its committed sequence, the target and the plan."""
     plan = state.plan
     return DraftContext(
         tokens=state.tokens,
@@ -81,7 +82,7 @@ def speculative_round(target_params, draft_weights, state: SpecState) -> SpecSta
     k = plan.num_speculative_tokens
     rng, draft_key, accept_key = jax.random.split(state.rng, 3)
     lengths = state.lengths  # L: the token at L - 1 is committed but not yet verified past
-    ctx = _context(state, target_params)
+    ctx = draft_context(state, target_params)
     proposal, draft_state = plan.drafter.propose(draft_weights, state.draft_state, ctx, draft_key)
     drafts = proposal.tokens  # [B, K]
 
@@ -144,7 +145,7 @@ def init_state(
         forwards=jnp.zeros((), jnp.int32),
         plan=plan,
     )
-    draft_state = plan.drafter.init(draft_weights, _context(state, target_params), prompt, cache_length)
+    draft_state = plan.drafter.init(draft_weights, draft_context(state, target_params), prompt, cache_length)
     return state.replace(draft_state=draft_state)
 
 
