@@ -11,6 +11,7 @@ import functools
 import jax.numpy as jnp
 from flax import nnx
 
+from .attention import TreeMask
 from .cache import KVCache, init_cache
 from .config import LLAMA_FAMILY, MODEL_TYPES, ModelConfig
 from .gpt2 import GPT2
@@ -34,9 +35,13 @@ def init_params(config: ModelConfig, seed: int = 0) -> dict:
     return nnx.to_pure_dict(nnx.state(_build(config, seed), nnx.Param))
 
 
-def forward(config: ModelConfig, params: dict, tokens, positions, cache: KVCache):
-    """Pure forward: (params, tokens [B, T], positions [B, T], cache) -> (logits [B, T, V], cache)."""
-    return nnx.merge(graphdef(config), params)(tokens, positions, cache)
+def forward(config: ModelConfig, params: dict, tokens, positions, cache: KVCache, tree: TreeMask | None = None):
+    """Pure forward: (params, tokens [B, T], positions [B, T], cache) -> (logits [B, T, V], cache).
+
+    `tree` (a TreeMask) verifies a token tree: tokens go to `tree.slots` and attend to the
+    committed prefix plus their ancestors (models/attention.py).
+    """
+    return nnx.merge(graphdef(config), params)(tokens, positions, cache, tree)
 
 
 def full_forward(config: ModelConfig, params: dict, tokens):
@@ -51,6 +56,7 @@ __all__ = [
     "MODEL_TYPES",
     "KVCache",
     "ModelConfig",
+    "TreeMask",
     "forward",
     "full_forward",
     "graphdef",

@@ -13,21 +13,55 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from .cache import KVCache
 
 
-def attend(q, k, v, positions, cache: KVCache, layer: int):
-    """Write k, v at their positions in `cache`, then attend causally by absolute position.
+@struct.dataclass
+class TreeMask:
+    """Visibility for a call whose tokens are nodes of a token tree (tree verification).
 
-    q: [B, T, H, d_head]; k, v: [B, T, n_kv, d_head]; positions: [B, T].
+    Siblings share a position, so tree tokens cannot live at slot = position. A tree of W
+    tokens (root first) occupies the window of W slots from `start`; the call writes its
+    tokens at `slots`, and query t sees every slot before `start` (the committed prefix)
+    plus the window slots w with `visible[t, w]` (its ancestors and itself). A chain is the
+    special case visible = lower triangle, slots = positions.
+    """
+
+    start: jax.Array  # [B] int32: the slot of window index 0 (the root)
+    slots: jax.Array  # [B, T] int32: where this call's tokens are written
+    visible: jax.Array  # [T, W] bool: query t of this call sees window index w
+
+    def mask(self, slots: jax.Array) -> jax.Array:
+        """slots [S'] of the cache -> [B, T, S'] visibility."""
+        width = self.visible.shape[1]
+        rel = slots[None, :] - self.start[:, None]  # [B, S']
+        in_window = (rel >= 0) & (rel < width)
+        seen = jnp.take(self.visible, jnp.clip(rel, 0, width - 1), axis=1)  # [T, B, S']
+        return (rel < 0)[:, None, :] | (in_window[:, None, :] & jnp.transpose(seen, (1, 0, 2)))
+
+
+def _visibility(slots, positions, tree: TreeMask | None):
+    """slots [S'] -> [B, T, S']: slot s is visible iff s <= position, or by the tree's rule."""
+    if tree is None:
+        return slots[None, None, :] <= positions[:, :, None]
+    return tree.mask(slots)
+
+
+def attend(q, k, v, positions, cache: KVCache, layer: int, tree: TreeMask | None = None):
+    """Write k, v into `cache`, then attend causally by absolute position (or by `tree`).
+
+    q: [B, T, H, d_head]; k, v: [B, T, n_kv, d_head]; positions: [B, T]. Without a tree the
+    tokens are written at slot = position; with one, at `tree.slots`.
     Returns (out [B, T, H, d_head] in q's dtype, cache with this layer written).
     """
     # One scatter per tensor; indices past the cache end are dropped, and callers
     # guarantee they never occur. The cache may hold a narrower dtype than the params.
     rows = jnp.arange(q.shape[0])[:, None]  # [B, 1]
-    cache_k = cache.k.at[layer, rows, positions].set(cache.encode(k), mode="drop")
-    cache_v = cache.v.at[layer, rows, positions].set(cache.encode(v), mode="drop")
+    write = positions if tree is None else tree.slots  # [B, T]
+    cache_k = cache.k.at[layer, rows, write].set(cache.encode(k), mode="drop")
+    cache_v = cache.v.at[layer, rows, write].set(cache.encode(v), mode="drop")
     cache = cache.replace(k=cache_k, v=cache_v)
 
     # Grouped-query attention: the H query heads are n_kv groups of G heads.
@@ -35,26 +69,25 @@ def attend(q, k, v, positions, cache: KVCache, layer: int):
     n_kv = cache_k.shape[3]
     q = q.reshape(b, t, n_kv, h // n_kv, hd)  # [B, T, n_kv, G, d_head]
     if cache.max_length <= cache.block_size:
-        out = _full(q, cache.decode(cache_k[layer]), cache.decode(cache_v[layer]), positions)
+        out = _full(q, cache.decode(cache_k[layer]), cache.decode(cache_v[layer]), positions, tree)
     else:
-        out = _blockwise(q, cache, layer, positions)
+        out = _blockwise(q, cache, layer, positions, write, tree)
     return out.reshape(b, t, h, hd).astype(q.dtype), cache
 
 
-def _full(q, keys, values, positions):
+def _full(q, keys, values, positions, tree):
     """q [B, T, n_kv, G, d]; keys, values [B, S, n_kv, d] -> [B, T, n_kv, G, d]."""
     scores = jnp.einsum("btngk,bsnk->bngts", q, keys.astype(q.dtype)).astype(jnp.float32) / jnp.sqrt(q.shape[-1])
     # Slot s is visible to a query at position p iff s <= p. Slots beyond the committed
     # sequence are stale and always masked.
-    slots = jnp.arange(keys.shape[1])
-    visible = slots[None, None, :] <= positions[:, :, None]  # [B, T, S]
+    visible = _visibility(jnp.arange(keys.shape[1]), positions, tree)  # [B, T, S]
     scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
     weights = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
     return jnp.einsum("bngts,bsnk->btngk", weights, values.astype(q.dtype))
 
 
-def _blockwise(q, cache: KVCache, layer: int, positions):
-    """Online softmax over cache blocks below max(positions) + 1.
+def _blockwise(q, cache: KVCache, layer: int, positions, written, tree):
+    """Online softmax over cache blocks below max(written) + 1 (the highest slot this call wrote).
 
     q [B, T, n_kv, G, d]; cache.k, cache.v [layers, B, S, n_kv, d] -> [B, T, n_kv, G, d].
     """
@@ -63,7 +96,7 @@ def _blockwise(q, cache: KVCache, layer: int, positions):
     # Blocks holding any slot a query may see; the last block of a cache whose length is
     # not a multiple of `block` is read from s - block, and slots an earlier block already
     # covered are masked out of it.
-    num_blocks = jnp.minimum(jnp.max(positions) // block + 1, -(-s // block))
+    num_blocks = jnp.minimum(jnp.max(written) // block + 1, -(-s // block))
 
     def body_fn(i, carry):
         running_max, total, acc = carry  # [B, n_kv, G, T], [B, n_kv, G, T], [B, T, n_kv, G, d] f32
@@ -72,7 +105,7 @@ def _blockwise(q, cache: KVCache, layer: int, positions):
         values = cache.decode(jax.lax.dynamic_slice(cache.v, (layer, 0, start, 0, 0), (1, b, block, n_kv, hd))[0])
         scores = jnp.einsum("btngk,bsnk->bngts", q, keys.astype(q.dtype)).astype(jnp.float32) / jnp.sqrt(hd)
         slots = start + jnp.arange(block)
-        visible = (slots[None, None, :] <= positions[:, :, None]) & (slots >= i * block)  # [B, T, block]
+        visible = _visibility(slots, positions, tree) & (slots >= i * block)  # [B, T, block]
         scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
         new_max = jnp.maximum(running_max, jnp.max(scores, axis=-1))
         # A row that sees nothing yet keeps max -inf; subtracting 0 then leaves exp(-inf) = 0.

@@ -48,6 +48,22 @@ class KVCache:
         """Storage -> values in `dtype` (a slice of k or v)."""
         return jax.lax.bitcast_convert_type(x, jnp.dtype(self.dtype)) if self.storage_bits else x
 
+    def move(self, src: jax.Array, dst: jax.Array) -> KVCache:
+        """Copy the K/V of slots src [B, n] to slots dst [B, n] in every layer.
+
+        How a tree round commits: the accepted nodes' K/V move from their tree slots to the
+        slots of their positions, so the next round sees a plain prefix. Destinations past
+        the cache end are dropped (a row that accepted fewer than n nodes points the rest
+        there). All sources are read before any destination is written.
+        """
+        rows = jnp.arange(self.k.shape[1])[:, None]  # [B, 1]
+        moved_k = self.k[:, rows, src]  # [layers, B, n, n_kv, d_head]
+        moved_v = self.v[:, rows, src]
+        return self.replace(
+            k=self.k.at[:, rows, dst].set(moved_k, mode="drop"),
+            v=self.v.at[:, rows, dst].set(moved_v, mode="drop"),
+        )
+
     @property
     def max_length(self) -> int:
         return self.k.shape[2]

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .attention import attend
+from .attention import TreeMask, attend
 from .cache import KVCache
 from .config import ModelConfig
 from .llama import Block, decode
@@ -49,12 +49,12 @@ class Attention(nnx.Module):
         self.o_proj = nnx.Param(_init(rngs.params(), (h, hd, d), dtype))
         self.o_bias = nnx.Param(jnp.zeros((d,), dtype))
 
-    def __call__(self, x, positions, cache: KVCache, layer: int):
+    def __call__(self, x, positions, cache: KVCache, layer: int, tree: TreeMask | None = None):
         """x: [B, T, D]; positions: [B, T]. Returns ([B, T, D], cache with this layer written)."""
         q = jnp.einsum("btd,dhk->bthk", x, self.q_proj[...]) + self.q_bias[...]  # [B, T, H, d_head]
         k = jnp.einsum("btd,dhk->bthk", x, self.k_proj[...]) + self.k_bias[...]  # [B, T, H, d_head]
         v = jnp.einsum("btd,dhk->bthk", x, self.v_proj[...]) + self.v_bias[...]  # [B, T, H, d_head]
-        out, cache = attend(q, k, v, positions, cache, layer)
+        out, cache = attend(q, k, v, positions, cache, layer, tree)
         return jnp.einsum("bthk,hkd->btd", out, self.o_proj[...]) + self.o_bias[...], cache
 
 
@@ -89,9 +89,9 @@ class GPT2(nnx.Module):
             self.lm_head = nnx.Param(_init(rngs.params(), (d, config.vocab_size), dtype))
         self.config = config
 
-    def __call__(self, tokens, positions, cache: KVCache):
+    def __call__(self, tokens, positions, cache: KVCache, tree: TreeMask | None = None):
         """tokens, positions: [B, T] int32 -> (logits [B, T, V] float32, updated cache)."""
         # Padding slots of a prompt bucket may lie past the learned table: clip them. Their
         # K/V is never visible (see KVCache), and real positions are checked by callers.
         pos = jnp.take(self.position_embed[...], positions, axis=0, mode="clip")  # [B, T, D]
-        return decode(self, self.embed[...][tokens] + pos, positions, cache)
+        return decode(self, self.embed[...][tokens] + pos, positions, cache, tree)

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .attention import attend
+from .attention import TreeMask, attend
 from .cache import KVCache
 from .config import ModelConfig
 
@@ -63,7 +63,7 @@ class Attention(nnx.Module):
             self.o_bias = nnx.Param(jnp.zeros((d,), dtype))
         self.config = config
 
-    def __call__(self, x, positions, cache: KVCache, layer: int):
+    def __call__(self, x, positions, cache: KVCache, layer: int, tree: TreeMask | None = None):
         """x: [B, T, D]; positions: [B, T]. Returns ([B, T, D], cache with this layer written)."""
         cfg = self.config
         q = jnp.einsum("btd,dhk->bthk", x, self.q_proj[...])  # [B, T, H, d_head]
@@ -73,7 +73,7 @@ class Attention(nnx.Module):
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
         q = rotary(q, positions, cfg.rope_theta)
         k = rotary(k, positions, cfg.rope_theta)
-        out, cache = attend(q, k, v, positions, cache, layer)
+        out, cache = attend(q, k, v, positions, cache, layer, tree)
         out = jnp.einsum("bthk,hkd->btd", out, self.o_proj[...])  # [B, T, D]
         if cfg.o_proj_bias:
             out = out + self.o_bias[...]
@@ -110,26 +110,28 @@ class Block(nnx.Module):
         self.post_attention_norm = norm(config.hidden_size, config.rms_norm_eps, dtype)
         self.mlp = (mlp or MLP)(config, dtype, rngs)
 
-    def __call__(self, x, positions, cache: KVCache, layer: int):
-        h, cache = self.attn(self.input_norm(x), positions, cache, layer)
+    def __call__(self, x, positions, cache: KVCache, layer: int, tree: TreeMask | None = None):
+        h, cache = self.attn(self.input_norm(x), positions, cache, layer, tree)
         x = x + h
         return x + self.mlp(self.post_attention_norm(x)), cache
 
 
-def decode(model: nnx.Module, x, positions, cache: KVCache):
+def decode(model: nnx.Module, x, positions, cache: KVCache, tree: TreeMask | None = None):
     """The part every family shares: blocks, final norm, (tied) LM head, cache lengths.
 
     x: embedded tokens [B, T, D] -> (logits [B, T, V] float32, updated cache).
     """
     for layer, block in enumerate(model.layers):
-        x, cache = block(x, positions, cache, layer)
+        x, cache = block(x, positions, cache, layer, tree)
     x = model.final_norm(x)
     if model.config.tie_word_embeddings:
         logits = jnp.einsum("btd,vd->btv", x, model.embed[...])
     else:
         logits = jnp.einsum("btd,dv->btv", x, model.lm_head[...])
-    # Every position written by this call now holds valid K/V.
-    cache = cache.replace(lengths=jnp.max(positions, axis=1).astype(jnp.int32) + 1)
+    # Every position written by this call now holds valid K/V. A tree call writes slots past
+    # its positions, and which of them become committed is the caller's to say.
+    if tree is None:
+        cache = cache.replace(lengths=jnp.max(positions, axis=1).astype(jnp.int32) + 1)
     return logits.astype(jnp.float32), cache
 
 
@@ -143,6 +145,6 @@ class Llama(nnx.Module):
             self.lm_head = nnx.Param(_init(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
         self.config = config
 
-    def __call__(self, tokens, positions, cache: KVCache):
+    def __call__(self, tokens, positions, cache: KVCache, tree: TreeMask | None = None):
         """tokens, positions: [B, T] int32 -> (logits [B, T, V] float32, updated cache)."""
-        return decode(self, self.embed[...][tokens], positions, cache)
+        return decode(self, self.embed[...][tokens], positions, cache, tree)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from specjax.drafters.base import DraftContext, Drafter, Proposal
+from specjax.drafters.base import DraftContext, Drafter, Proposal, TreeProposal
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.fallback import Fallback
 from specjax.drafters.layer_skip import LayerSkip
@@ -94,6 +94,7 @@ __all__ = [
     "LayerSkip",
     "PromptLookup",
     "Proposal",
+    "TreeProposal",
     "as_drafter",
     "make_drafter",
 ]

@@ -49,6 +49,7 @@ class DraftContext:
     num_speculative_tokens: int = struct.field(pytree_node=False)
     sampling: SamplingConfig = struct.field(pytree_node=False)
     cache: CacheConfig = struct.field(pytree_node=False, default=DEFAULT_CACHE)  # layout of any cache it keeps
+    tree: Any = struct.field(pytree_node=False, default=None)  # the round's Tree, or None for a chain
 
 
 @struct.dataclass
@@ -58,6 +59,16 @@ class Proposal:
     tokens: jax.Array  # [B, K] int32
     q: jax.Array | None  # [B, K, V] float32 draft probabilities, or None: deterministic (one-hot)
     found: jax.Array | None = None  # [B] bool: rows with a real proposal (None: every row)
+
+
+@struct.dataclass
+class TreeProposal:
+    """Tokens for every node of a token tree (specjax/trees/tree.py) and where they came from."""
+
+    tokens: jax.Array  # [B, N] int32: nodes 1..N in the tree's canonical order
+    # [B, N + 1, V] float32: q[:, i] is the distribution node i's children were drawn from
+    # i.i.d. (node 0 = the root); None: deterministic, distinct candidates (top-k).
+    q: jax.Array | None
 
 
 class Drafter(abc.ABC):
@@ -103,6 +114,22 @@ class Drafter(abc.ABC):
         """State after the commit: ctx holds the new tokens and lengths; num_accepted [B]."""
         del weights, ctx, num_accepted
         return state
+
+    # Trees (specjax/trees). A drafter that can expand a token tree overrides these two.
+    supports_trees = False
+
+    def propose_tree(self, weights, state, ctx: DraftContext, key: jax.Array) -> tuple[TreeProposal, Any]:
+        """Tokens for the N nodes of `ctx.tree`: the rank-r child of a node is the r-th
+        candidate at it. Node i sits at position lengths - 1 + depth(i)."""
+        raise NotImplementedError(f"drafter {self.name!r} cannot expand a token tree")
+
+    def update_tree(self, weights, state, ctx: DraftContext, src, dst, num_accepted: jax.Array) -> Any:
+        """State after a tree round's commit. The accepted nodes' K/V sit at slots src [B, depth]
+        and belong at dst [B, depth] (the slots of their positions; past the cache end for
+        unused entries): a drafter with a cache moves them (`KVCache.move`), as the round
+        does for the target."""
+        del src, dst
+        return self.update(weights, state, ctx, num_accepted)
 
     def stats(self, state) -> dict[str, jax.Array]:
         """Per-row counters [B] this drafter reports (summed into GenerationStats.drafter)."""

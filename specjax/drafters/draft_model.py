@@ -15,13 +15,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
-from specjax.drafters.base import DraftContext, Drafter, Proposal
+from specjax.drafters.base import DraftContext, Drafter, Proposal, TreeProposal
 from specjax.engine.loop import gather_tokens, prefill
 from specjax.engine.sampling import SamplingConfig, probabilities, sample
 from specjax.io.model import Model
-from specjax.models import KVCache, ModelConfig, forward
+from specjax.models import KVCache, ModelConfig, TreeMask, forward
 
 
 @struct.dataclass
@@ -62,6 +63,51 @@ def propose_autoregressive(config: ModelConfig, params, cache: KVCache, ctx: Dra
     return Proposal(tokens=drafts, q=q), cache
 
 
+def propose_tree(config: ModelConfig, params, cache: KVCache, ctx: DraftContext, key, catch_up: int, candidates: str):
+    """Expand `ctx.tree` level by level: one catch-up forward, then one forward per depth.
+
+    The forward at depth d feeds the level's nodes that have children, at position
+    L - 1 + d and at their tree slots L - 1 + i, each seeing the prefix and its ancestors
+    (a TreeMask), and yields the distributions their children are drawn from. Children
+    are the top-ranked tokens (greedy, or candidates == "top") or i.i.d. draws from q.
+    Returns (TreeProposal(tokens [B, N], q [B, N + 1, V] or None), cache).
+    """
+    tree = ctx.tree
+    b = ctx.lengths.shape[0]
+    start = ctx.lengths - 1  # the root's slot and position
+    feed = jnp.maximum(ctx.lengths[:, None] + jnp.arange(-catch_up, 0), 0)  # [B, W]
+    logits, cache = forward(config, params, gather_tokens(ctx.tokens, feed), feed, cache)
+    sampled = not ctx.sampling.greedy and candidates == "sample"
+    visible = jnp.asarray(tree.ancestors)  # [N+1, N+1]
+    tokens = jnp.zeros((b, tree.num_nodes + 1), jnp.int32)  # node 0 (the root) unused
+    q_all = jnp.zeros((b, tree.num_nodes + 1, config.vocab_size), jnp.float32) if sampled else None
+    parents, parent_logits = np.array([0]), logits[:, -1:]  # [P], [B, P, V]
+    keys = jax.random.split(key, tree.depth)
+    for depth in range(1, tree.depth + 1):
+        nodes = tree.level(depth)  # [M]
+        local = np.searchsorted(parents, tree.parents[nodes])  # each node's parent within `parents`
+        ranks = tree.ranks[nodes]
+        scores = parent_logits if ctx.sampling.greedy else probabilities(parent_logits, ctx.sampling)
+        if sampled:
+            q_all = q_all.at[:, parents].set(scores)
+            draws = jax.random.categorical(
+                keys[depth - 1], jnp.log(scores), axis=-1, shape=(int(ranks.max()) + 1, *scores.shape[:-1])
+            )
+            chosen = draws[ranks, :, local].T  # [B, M]
+        else:
+            top = jax.lax.top_k(scores, int(ranks.max()) + 1)[1]  # [B, P, R]
+            chosen = top[:, local, ranks]  # [B, M]
+        tokens = tokens.at[:, nodes].set(chosen.astype(jnp.int32))
+        parents = tree.internal(depth)
+        if depth == tree.depth or parents.size == 0:
+            break
+        slots = start[:, None] + parents  # [B, F]
+        positions = jnp.broadcast_to(start[:, None] + depth, slots.shape)
+        mask = TreeMask(start=start, slots=slots, visible=visible[parents])
+        parent_logits, cache = forward(config, params, tokens[:, parents], positions, cache, mask)
+    return TreeProposal(tokens=tokens[:, 1:], q=q_all), cache
+
+
 def check_vocabulary(draft: ModelConfig, target: ModelConfig) -> None:
     if target.vocab_size != draft.vocab_size:
         raise ValueError(
@@ -83,7 +129,11 @@ class DraftModel(Drafter):
     model: Model | None = dataclasses.field(default=None, compare=False, hash=False, repr=False)
     config: ModelConfig | None = None
     catch_up: int = 2
+    # Tree candidates under sampling: "sample" draws a node's children i.i.d. from q
+    # (SpecInfer); "top" takes q's top-ranked tokens, deterministic and distinct.
+    tree_candidates: str = "sample"
     name = "draft_model"
+    supports_trees = True
 
     def __post_init__(self):
         if self.model is not None:
@@ -92,6 +142,8 @@ class DraftModel(Drafter):
             raise ValueError("DraftModel needs a Model (DraftModel(model))")
         if self.catch_up < 2:
             raise ValueError(f"DraftModel.catch_up must be >= 2, got {self.catch_up}")
+        if self.tree_candidates not in ("sample", "top"):
+            raise ValueError(f"DraftModel.tree_candidates must be 'sample' or 'top', got {self.tree_candidates!r}")
 
     def weights(self) -> Any:
         if self.model is None:
@@ -113,6 +165,16 @@ class DraftModel(Drafter):
     def propose(self, weights, state: ModelDraftState, ctx: DraftContext, key):
         proposal, cache = propose_autoregressive(self.config, weights, state.cache, ctx, key, self.catch_up)
         return proposal, ModelDraftState(cache=cache)
+
+    def propose_tree(self, weights, state: ModelDraftState, ctx: DraftContext, key):
+        proposal, cache = propose_tree(self.config, weights, state.cache, ctx, key, self.catch_up, self.tree_candidates)
+        return proposal, ModelDraftState(cache=cache)
+
+    def update_tree(self, weights, state: ModelDraftState, ctx: DraftContext, src, dst, num_accepted):
+        # Nodes the draft never fed (leaves) move garbage; the catch-up rewrites it (as after a
+        # chain round, the draft lags by at most the last accepted node and the bonus token).
+        state = ModelDraftState(cache=state.cache.move(src, dst))
+        return self.update(weights, state, ctx, num_accepted)
 
     def update(self, weights, state: ModelDraftState, ctx: DraftContext, num_accepted):
         # Informational (attention masks by position): slots below this hold K/V of the

@@ -23,7 +23,7 @@ import dataclasses
 from flax import struct
 
 from specjax.drafters.base import DraftContext, Drafter
-from specjax.drafters.draft_model import propose_autoregressive
+from specjax.drafters.draft_model import propose_autoregressive, propose_tree
 from specjax.engine.loop import prefill
 from specjax.models import KVCache, ModelConfig
 
@@ -46,7 +46,9 @@ class LayerSkip(Drafter):
 
     layers: int
     catch_up: int = 2  # width of the per-round catch-up forward (see drafters/draft_model.py)
+    tree_candidates: str = "sample"  # as DraftModel.tree_candidates
     name = "layer_skip"
+    supports_trees = True
 
     def tolerating_lag(self, lag: int) -> LayerSkip:
         return dataclasses.replace(self, catch_up=max(self.catch_up, lag))
@@ -66,3 +68,11 @@ class LayerSkip(Drafter):
         config, params = early_exit(ctx.target, ctx.target_params, self.layers)
         proposal, cache = propose_autoregressive(config, params, state.cache, ctx, key, catch_up=self.catch_up)
         return proposal, LayerSkipState(cache=cache)
+
+    def propose_tree(self, weights, state: LayerSkipState, ctx: DraftContext, key):
+        config, params = early_exit(ctx.target, ctx.target_params, self.layers)
+        proposal, cache = propose_tree(config, params, state.cache, ctx, key, self.catch_up, self.tree_candidates)
+        return proposal, LayerSkipState(cache=cache)
+
+    def update_tree(self, weights, state: LayerSkipState, ctx: DraftContext, src, dst, num_accepted):
+        return LayerSkipState(cache=state.cache.move(src, dst))

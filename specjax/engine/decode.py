@@ -59,15 +59,28 @@ def decode_step(config: ModelConfig, sampling: SamplingConfig, params, state: De
 
 
 def init_state(
-    params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, config, cache_length, cache=DEFAULT_CACHE
+    params,
+    prompt,
+    prompt_lengths,
+    max_new_tokens,
+    eos_token_id,
+    rng,
+    config,
+    cache_length,
+    cache=DEFAULT_CACHE,
+    done=None,
 ) -> DecodeState:
-    """Prefill the cache and return the state before the first step."""
+    """Prefill the cache and return the state before the first step.
+
+    `done` [B] bool marks rows finished from the start (padding rows of a batch bucket);
+    None: every row generates.
+    """
     batch = prompt.shape[0]
     return DecodeState(
         tokens=token_buffer(prompt, cache_length),
         lengths=prompt_lengths,
         prompt_lengths=prompt_lengths,
-        done=jnp.zeros((batch,), bool),
+        done=jnp.zeros((batch,), bool) if done is None else done,
         cache=prefill(config, params, prompt, prompt_lengths, cache_length, cache),
         rng=rng,
         max_new_tokens=max_new_tokens,
@@ -79,9 +92,11 @@ def init_state(
 
 @functools.partial(jax.jit, static_argnames=("config", "sampling", "cache_length", "cache"))
 def _generate(
-    params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, *, config, sampling, cache_length, cache
+    params, prompt, prompt_lengths, done, max_new_tokens, eos_token_id, rng, *, config, sampling, cache_length, cache
 ):
-    state = init_state(params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, config, cache_length, cache)
+    state = init_state(
+        params, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, config, cache_length, cache, done
+    )
 
     def cond_fn(state):
         return ~jnp.all(state.done)
@@ -109,13 +124,14 @@ def prepare_generate(
     """
     sampling = SamplingConfig(temperature, top_k, top_p)
     batch = prepare_prompts(model, prompts, max_new_tokens, headroom=0)
-    prompt, prompt_lengths, eos, rng = batch.loop_inputs(eos_token_id, seed)
+    prompt, prompt_lengths, done, eos, rng = batch.loop_inputs(eos_token_id, seed)
 
     def launch(n: int) -> DecodeState:
         return _generate(
             model.params,
             prompt,
             prompt_lengths,
+            done,
             jnp.int32(n),
             eos,
             rng,
@@ -129,7 +145,8 @@ def prepare_generate(
         tokens, lengths, row_rounds, forwards = jax.device_get(
             (state.tokens, state.lengths, state.row_rounds, state.forwards)
         )
-        return collect_output(np.asarray(tokens), batch.lengths, lengths, row_rounds, forwards)
+        # Only the caller's rows: padding rows of the batch bucket are dropped.
+        return collect_output(np.asarray(tokens), batch.lengths, lengths, row_rounds, forwards, num_rows=batch.num_rows)
 
     return PreparedGeneration(
         max_new_tokens=max_new_tokens,

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
+from jax import monitoring
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,12 +63,18 @@ def _ratio(num, den) -> float:
     return float(num) / float(den) if den else 0.0
 
 
-def collect_output(tokens, prompt_lengths, lengths, row_rounds, target_forwards, accepted_at=None):
+def collect_output(tokens, prompt_lengths, lengths, row_rounds, target_forwards, accepted_at=None, num_rows=None):
     """Host-side assembly from final loop state arrays (numpy).
 
     tokens [B, S]; prompt_lengths, lengths, row_rounds [B]; accepted_at [B, K] counts how
-    often draft position i was accepted (None for plain decoding).
+    often draft position i was accepted (None for plain decoding). `num_rows`: keep only
+    the first num_rows rows (the rest pad the batch to its bucket); None keeps all.
     """
+    if num_rows is not None:
+        tokens, prompt_lengths, lengths, row_rounds = (
+            np.asarray(x)[:num_rows] for x in (tokens, prompt_lengths, lengths, row_rounds)
+        )
+        accepted_at = None if accepted_at is None else np.asarray(accepted_at)[:num_rows]
     generated = [tokens[b, prompt_lengths[b] : lengths[b]].tolist() for b in range(tokens.shape[0])]
     row_rounds = np.asarray(row_rounds, np.int64)
     rounds = int(row_rounds.sum())
@@ -112,6 +122,7 @@ class PreparedGeneration:
         n = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         if not 1 <= n <= self.max_new_tokens:
             raise ValueError(f"max_new_tokens must lie in [1, {self.max_new_tokens}] for this prepared call, got {n}")
+        bound_live_programs()
         return self.launch_fn(n)
 
     def collect(self, state) -> GenerationOutput:
@@ -120,3 +131,61 @@ class PreparedGeneration:
 
     def run(self, max_new_tokens: int | None = None) -> GenerationOutput:
         return self.collect(self.launch(max_new_tokens))
+
+
+# --- Bounding live compiled programs ---------------------------------------------------
+#
+# Every XLA:CPU executable keeps its JIT-compiled code in memory mappings of its own (about
+# 400 for a speculative loop of a tiny model) for as long as it lives, and JAX's caches keep
+# every executable alive. Linux caps the mappings of a process (vm.max_map_count, 65530 by
+# default); when a compile needs one more, LLVM fails to allocate section memory and the
+# process dies inside `backend_compile_and_load` (SIGABRT or SIGSEGV). A few hundred
+# distinct programs in one process are enough. So before a launch that may compile, once
+# the mappings pass (1 - MAP_HEADROOM) of the limit, JAX's caches are cleared: the live
+# executables are freed and later calls recompile what they need.
+
+MAP_HEADROOM = 0.25  # clear when fewer than this share of vm.max_map_count is left; 0 disables
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+_guard = {"compiles": 0, "checked": -1, "clears": 0}
+
+
+def _count_compile(event: str, duration: float, **kwargs) -> None:
+    if event == _BACKEND_COMPILE:
+        _guard["compiles"] += 1
+
+
+monitoring.register_event_duration_secs_listener(_count_compile)
+
+
+def memory_mappings() -> tuple[int, int] | None:
+    """(memory mappings of this process, the kernel's limit vm.max_map_count), or None off Linux."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            count = f.read().count(b"\n")
+        return count, int(Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def cache_clears() -> int:
+    """How often `bound_live_programs` has cleared JAX's caches in this process."""
+    return _guard["clears"]
+
+
+def bound_live_programs() -> bool:
+    """Clear JAX's caches if this process's memory mappings near vm.max_map_count.
+
+    Cheap when nothing compiled since the last check (an integer comparison), so timed
+    launches pay nothing. Returns whether it cleared.
+    """
+    if MAP_HEADROOM <= 0 or _guard["compiles"] == _guard["checked"]:
+        return False
+    _guard["checked"] = _guard["compiles"]
+    mappings = memory_mappings()
+    if mappings is None or mappings[0] < (1.0 - MAP_HEADROOM) * mappings[1]:
+        return False
+    jax.block_until_ready(jax.live_arrays())  # no program may be running while it is freed
+    jax.clear_caches()
+    gc.collect()
+    _guard["clears"] += 1
+    return True

@@ -12,28 +12,65 @@ from specjax.io.model import Model, _check_token_ids
 
 _MIN_PROMPT_BUCKET = 16
 _CACHE_ROUNDING = 64
+_BATCH_BUCKET_STEP = 8  # batch buckets: powers of two up to this, then its multiples
 
 
 @dataclasses.dataclass(frozen=True)
 class PromptBatch:
-    tokens: np.ndarray  # [B, T_bucket] int32, each row right-padded with zeros
-    lengths: np.ndarray  # [B] int32, true prompt lengths
+    """A ragged batch padded to static shapes: rows to a batch bucket, tokens to a length bucket.
+
+    Rows `num_rows` and beyond are padding (see `_batch_bucket`): copies of row 0's prompt
+    that start `done`, so they append nothing, count in no statistic, and every
+    computation on them reads valid tokens. Collect steps drop them.
+    """
+
+    tokens: np.ndarray  # [B_bucket, T_bucket] int32, each row right-padded with zeros
+    lengths: np.ndarray  # [B_bucket] int32, true prompt lengths
     cache_length: int  # slots per row of every cache and of the token buffer
+    num_rows: int  # the caller's rows (the first num_rows); the rest pad the batch to its bucket
     is_text: bool = False  # prompts came as strings: decode the output to text too
 
     @property
     def batch_size(self) -> int:
+        """The caller's number of rows (padding rows excluded)."""
+        return self.num_rows
+
+    @property
+    def bucket_rows(self) -> int:
+        """Rows the compiled program runs: `batch_size` padded to its bucket."""
         return self.tokens.shape[0]
 
-    def loop_inputs(self, eos_token_id: int | None, seed: int) -> tuple:
-        """Device arrays every generation loop starts from: (prompt, lengths, eos id or -1, rng key)."""
+    def loop_inputs(self, eos_token_id: int | None, seed: int, padded: bool = True) -> tuple:
+        """Device arrays every generation loop starts from: (prompt, lengths, done, eos id or -1, rng key).
+
+        `done` [B] marks the padding rows finished from the start. `padded=False` returns
+        only the caller's rows (for a state the caller inspects row by row).
+        """
+        rows = self.bucket_rows if padded else self.num_rows
+        done = np.arange(rows) >= self.num_rows
         eos = jnp.int32(-1 if eos_token_id is None else eos_token_id)
-        return jnp.asarray(self.tokens), jnp.asarray(self.lengths), eos, jax.random.key(seed)
+        # device_put, not jnp.asarray: in jax 0.10 jnp.asarray of a numpy array compiles a
+        # small "stage" program per shape, three more live executables per batch shape.
+        prompt, lengths, done = jax.device_put((self.tokens[:rows], self.lengths[:rows], done))
+        return prompt, lengths, done, eos, jax.random.key(seed)
 
 
 def _bucket(n: int) -> int:
     """Prompt lengths are padded to powers of two so that few shapes ever compile."""
     return max(_MIN_PROMPT_BUCKET, 1 << (n - 1).bit_length())
+
+
+def _batch_bucket(n: int) -> int:
+    """Rows a batch of n prompts runs as: powers of two up to 8, then multiples of 8.
+
+    1, 2, 4, 8, 16, 24, 32, ...: 3 -> 4, 5 -> 8, 9 -> 16, 17 -> 24. Each batch size
+    otherwise compiles its own programs; with buckets, sizes 1..64 compile 11 shapes, not 64,
+    at the cost of fewer than 2x the rows (up to 8) or at most 7 extra rows (above). Padding rows copy
+    row 0's prompt and start done (`PromptBatch`), so outputs and statistics do not change.
+    """
+    if n <= _BATCH_BUCKET_STEP:
+        return 1 << (n - 1).bit_length()
+    return -(-n // _BATCH_BUCKET_STEP) * _BATCH_BUCKET_STEP
 
 
 def _encode(model: Model, prompts) -> tuple[list, bool]:
@@ -83,9 +120,11 @@ def prepare_prompts(model: Model, prompts, max_new_tokens: int, headroom: int) -
             f"+ headroom ({headroom}) = {needed} exceeds max_position_embeddings ({limit})"
         )
     bucket = _bucket(longest)
+    num_rows = len(rows)
+    rows += [rows[0]] * (_batch_bucket(num_rows) - num_rows)  # padding rows: row 0's prompt, masked done
     tokens = np.zeros((len(rows), bucket), np.int32)
     for i, row in enumerate(rows):
         tokens[i, : len(row)] = row
     cache_length = -(-max(bucket, needed) // _CACHE_ROUNDING) * _CACHE_ROUNDING
     lengths = np.array([len(r) for r in rows], np.int32)
-    return PromptBatch(tokens=tokens, lengths=lengths, cache_length=cache_length, is_text=is_text)
+    return PromptBatch(tokens=tokens, lengths=lengths, cache_length=cache_length, num_rows=num_rows, is_text=is_text)

@@ -12,72 +12,35 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
-from specjax.drafters import DraftContext, Drafter, as_drafter
+from specjax.drafters import Drafter, as_drafter
 from specjax.engine.acceptance import AcceptanceRule, default_rule
 from specjax.engine.loop import DEFAULT_CACHE, CacheConfig, commit, gather_tokens, prefill, token_buffer
 from specjax.engine.output import GenerationOutput, PreparedGeneration, collect_output
 from specjax.engine.prompts import prepare_prompts
 from specjax.engine.sampling import SamplingConfig, probabilities
+from specjax.engine.state import SpecPlan, SpecState, draft_context
+from specjax.engine.tree_round import tree_round
 from specjax.io.model import Model
-from specjax.models import KVCache, ModelConfig, forward
-
-
-@dataclasses.dataclass(frozen=True)
-class SpecPlan:
-    """Everything static about a speculative generation (hashable: a jit cache key)."""
-
-    target: ModelConfig
-    drafter: Drafter  # the static part (`without_weights()`): compared by configuration
-    num_speculative_tokens: int
-    sampling: SamplingConfig
-    rule: AcceptanceRule
-    cache: CacheConfig = DEFAULT_CACHE
-
-
-@struct.dataclass
-class SpecState:
-    """The loop state of speculative decoding: one pytree, donated to every round."""
-
-    tokens: jax.Array  # [B, S] int32: prompt + committed tokens, slot = position
-    lengths: jax.Array  # [B] int32: committed tokens per row, prompt included
-    prompt_lengths: jax.Array  # [B] int32
-    done: jax.Array  # [B] bool
-    target_cache: KVCache
-    draft_state: Any  # the drafter's pytree (a draft model's KV cache, match counters, ...)
-    rng: jax.Array
-    max_new_tokens: jax.Array  # [] int32
-    eos_token_id: jax.Array  # [] int32, -1 when there is none
-    row_rounds: jax.Array  # [B] int32: rounds in which each row was still generating
-    accepted_at: jax.Array  # [B, K] int32: rounds in which draft position i was accepted
-    forwards: jax.Array  # [] int32: batched target verify passes
-    plan: SpecPlan = struct.field(pytree_node=False)
-
-
-def draft_context(state: SpecState, target_params) -> DraftContext:
-    """What the drafter may read of `state`: its committed sequence, the target and the plan."""
-    plan = state.plan
-    return DraftContext(
-        tokens=state.tokens,
-        lengths=state.lengths,
-        prompt_lengths=state.prompt_lengths,
-        done=state.done,
-        target_params=target_params,
-        target=plan.target,
-        num_speculative_tokens=plan.num_speculative_tokens,
-        sampling=plan.sampling,
-        cache=plan.cache,
-    )
+from specjax.models import forward
+from specjax.trees.acceptance import default_tree_rule
+from specjax.trees.tree import Tree
 
 
 def speculative_round(target_params, draft_weights, state: SpecState) -> SpecState:
-    """One round as a pure function of the parameters and the loop state (the while-loop body)."""
+    """One round as a pure function of the parameters and the loop state (the while-loop body):
+    a chain round, or a tree round (tree_round.py) when the plan has a tree."""
+    if state.plan.tree is not None:
+        return tree_round(target_params, draft_weights, state)
+    return chain_round(target_params, draft_weights, state)
+
+
+def chain_round(target_params, draft_weights, state: SpecState) -> SpecState:
+    """One chain round: K drafts, a verify of width K + 1, the acceptance rule, the commit."""
     plan = state.plan
     k = plan.num_speculative_tokens
     rng, draft_key, accept_key = jax.random.split(state.rng, 3)
@@ -126,22 +89,35 @@ def speculative_round(target_params, draft_weights, state: SpecState) -> SpecSta
 
 
 def init_state(
-    target_params, draft_weights, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, plan, cache_length
+    target_params,
+    draft_weights,
+    prompt,
+    prompt_lengths,
+    max_new_tokens,
+    eos_token_id,
+    rng,
+    plan,
+    cache_length,
+    done=None,
 ):
-    """Prefill the target, set up the drafter, and return the state before the first round."""
+    """Prefill the target, set up the drafter, and return the state before the first round.
+
+    `done` [B] bool marks rows finished from the start (padding rows of a batch bucket);
+    None: every row generates.
+    """
     batch = prompt.shape[0]
     state = SpecState(
         tokens=token_buffer(prompt, cache_length),
         lengths=prompt_lengths,
         prompt_lengths=prompt_lengths,
-        done=jnp.zeros((batch,), bool),
+        done=jnp.zeros((batch,), bool) if done is None else done,
         target_cache=prefill(plan.target, target_params, prompt, prompt_lengths, cache_length, plan.cache),
         draft_state=None,
         rng=rng,
         max_new_tokens=max_new_tokens,
         eos_token_id=eos_token_id,
         row_rounds=jnp.zeros((batch,), jnp.int32),
-        accepted_at=jnp.zeros((batch, plan.num_speculative_tokens), jnp.int32),
+        accepted_at=jnp.zeros((batch, plan.accepted_width), jnp.int32),
         forwards=jnp.zeros((), jnp.int32),
         plan=plan,
     )
@@ -155,7 +131,7 @@ _jit_round = jax.jit(speculative_round, donate_argnums=2)
 
 @functools.partial(jax.jit, static_argnames=("plan", "cache_length"))
 def _generate(
-    target_params, draft_weights, prompt, prompt_lengths, max_new_tokens, eos_token_id, rng, plan, cache_length
+    target_params, draft_weights, prompt, prompt_lengths, done, max_new_tokens, eos_token_id, rng, plan, cache_length
 ):
     state = init_state(
         target_params,
@@ -167,6 +143,7 @@ def _generate(
         rng,
         plan,
         cache_length,
+        done,
     )
 
     def cond_fn(state):
@@ -179,13 +156,32 @@ def _generate(
 
 
 def _prepare(
-    target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule, cache_config
+    target,
+    draft,
+    prompts,
+    num_speculative_tokens,
+    max_new_tokens,
+    temperature,
+    top_k,
+    top_p,
+    rule,
+    cache_config,
+    tree=None,
 ):
     """(prompt batch, plan, the drafter's weights) after checking every argument."""
     sampling = SamplingConfig(temperature, top_k, top_p)
-    if not isinstance(num_speculative_tokens, int | np.integer) or num_speculative_tokens < 1:
-        raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {num_speculative_tokens!r}")
     drafter = as_drafter(draft)
+    if tree is not None:
+        if not isinstance(tree, Tree):
+            raise ValueError(f"tree must be a specjax.Tree (Tree.from_paths, Tree.chain, Tree.preset), got {tree!r}")
+        if not drafter.supports_trees:
+            raise ValueError(
+                f"drafter {drafter.name!r} cannot expand a token tree; trees work with DraftModel and LayerSkip"
+            )
+        # A tree's nodes occupy N slots past the root, whatever its depth.
+        num_speculative_tokens = tree.num_nodes
+    elif not isinstance(num_speculative_tokens, int | np.integer) or num_speculative_tokens < 1:
+        raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {num_speculative_tokens!r}")
     drafter.check(target.config, int(num_speculative_tokens))
     batch = prepare_prompts(target, prompts, max_new_tokens, headroom=num_speculative_tokens + 1)
     plan = SpecPlan(
@@ -193,8 +189,9 @@ def _prepare(
         drafter=drafter.without_weights(),
         num_speculative_tokens=int(num_speculative_tokens),
         sampling=sampling,
-        rule=rule or default_rule(sampling),
+        rule=rule or (default_rule(sampling) if tree is None else default_tree_rule(sampling)),
         cache=cache_config or DEFAULT_CACHE,
+        tree=tree,
     )
     return batch, plan, drafter.weights()
 
@@ -212,16 +209,29 @@ def init_speculative_state(
     eos_token_id: int | None = None,
     rule: AcceptanceRule | None = None,
     cache_config: CacheConfig | None = None,
+    tree: Tree | None = None,
 ) -> SpecState:
     """Prefill both models and return the state before the first round.
 
     Drive rounds yourself with `state = speculative_step(target, draft, state)`; this is
-    what `speculative_generate` does inside one compiled while loop.
+    what `speculative_generate` does inside one compiled while loop. The state holds
+    exactly the caller's rows (no batch-bucket padding), so its arrays and `state_output`
+    read row for row.
     """
     batch, plan, weights = _prepare(
-        target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule, cache_config
+        target,
+        draft,
+        prompts,
+        num_speculative_tokens,
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        rule,
+        cache_config,
+        tree,
     )
-    prompt, prompt_lengths, eos, rng = batch.loop_inputs(eos_token_id, seed)
+    prompt, prompt_lengths, done, eos, rng = batch.loop_inputs(eos_token_id, seed, padded=False)
     return _jit_init_state(
         target.params,
         weights,
@@ -232,6 +242,7 @@ def init_speculative_state(
         rng,
         plan=plan,
         cache_length=batch.cache_length,
+        done=done,
     )
 
 
@@ -279,12 +290,23 @@ def prepare_speculative_generate(
     eos_token_id: int | None = None,
     rule: AcceptanceRule | None = None,
     cache_config: CacheConfig | None = None,
+    tree: Tree | None = None,
 ) -> PreparedGeneration:
     """Check and pad the inputs of `speculative_generate` once; run them (repeatedly) later."""
     batch, plan, weights = _prepare(
-        target, draft, prompts, num_speculative_tokens, max_new_tokens, temperature, top_k, top_p, rule, cache_config
+        target,
+        draft,
+        prompts,
+        num_speculative_tokens,
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        rule,
+        cache_config,
+        tree,
     )
-    prompt, prompt_lengths, eos, rng = batch.loop_inputs(eos_token_id, seed)
+    prompt, prompt_lengths, done, eos, rng = batch.loop_inputs(eos_token_id, seed)
 
     def launch(n: int) -> SpecState:
         return _generate(
@@ -292,6 +314,7 @@ def prepare_speculative_generate(
             weights,
             prompt,
             prompt_lengths,
+            done,
             jnp.int32(n),
             eos,
             rng,
@@ -299,12 +322,33 @@ def prepare_speculative_generate(
             cache_length=batch.cache_length,
         )
 
+    def collect(state: SpecState) -> GenerationOutput:
+        # `state_output` over the caller's rows only: padding rows of the batch bucket, and
+        # their drafter counters, are dropped.
+        rows = batch.num_rows
+        tokens, lengths, row_rounds, accepted_at, forwards, drafter_stats = jax.device_get(
+            (
+                state.tokens,
+                state.lengths,
+                state.row_rounds,
+                state.accepted_at,
+                state.forwards,
+                plan.drafter.stats(state.draft_state),
+            )
+        )
+        out = collect_output(
+            np.asarray(tokens), batch.lengths, lengths, row_rounds, forwards, accepted_at, num_rows=rows
+        )
+        counters = {k: int(np.sum(np.asarray(v)[:rows] if np.ndim(v) else v)) for k, v in drafter_stats.items()}
+        drafter = {"kind": plan.drafter.name, **counters}
+        return dataclasses.replace(out, stats=dataclasses.replace(out.stats, drafter=drafter))
+
     return PreparedGeneration(
         max_new_tokens=max_new_tokens,
         batch_size=batch.batch_size,
         cache_length=batch.cache_length,
         launch_fn=launch,
-        collect_fn=state_output,
+        collect_fn=collect,
         tokenizer=target.tokenizer if batch.is_text else None,
     )
 
@@ -322,6 +366,7 @@ def speculative_generate(
     eos_token_id: int | None = None,
     rule: AcceptanceRule | None = None,
     cache_config: CacheConfig | None = None,
+    tree: Tree | None = None,
 ) -> GenerationOutput:
     """Speculative decoding of a ragged batch with `draft` proposing for `target`.
 
@@ -329,8 +374,13 @@ def speculative_generate(
     (then `out.text` holds the decoded continuations).
     Greedy (temperature 0) output equals `generate(target, ...)` token for token; with
     temperature > 0 every token is distributed exactly as the target's (rejection
-    sampling). `rule` replaces the acceptance rule (see specjax.engine.sampling) for research
+    sampling). `rule` replaces the acceptance rule (see specjax.engine.acceptance) for research
     on lossy or alternative verification.
+
+    `tree` (a specjax.Tree) drafts and verifies a static token tree instead of a chain of
+    `num_speculative_tokens` (which it then replaces): one target forward of width N + 1
+    checks every root path, and the longest the target agrees with is committed. A tree
+    `rule` has the signature of specjax.trees.acceptance.
     """
     return prepare_speculative_generate(
         target,
@@ -345,4 +395,5 @@ def speculative_generate(
         eos_token_id,
         rule,
         cache_config,
+        tree,
     ).run()

@@ -1,0 +1,78 @@
+"""One tree round: draft a token tree, verify it in one target forward, commit the best path.
+
+The tree counterpart of `speculative_round` (speculative.py), over the same SpecState, so
+both run in the same compiled while loop. With N nodes the target forward has width N + 1:
+the root (the last committed token, at slot and position L - 1) and node i at slot L - 1 + i
+and position L - 1 + depth(i). Siblings share a position, so they cannot share the slot
+= position layout: a TreeMask lets each node see the committed prefix and its ancestors.
+After the rule picks a root path, its nodes' K/V move to the slots of their positions
+(`KVCache.move`) in the target cache and, through the drafter, in any draft cache, so the
+next round sees a plain prefix.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from specjax.engine.loop import commit, gather_tokens
+from specjax.engine.sampling import probabilities
+from specjax.engine.state import SpecState, draft_context
+from specjax.models import TreeMask, forward
+
+
+def tree_round(target_params, draft_weights, state: SpecState) -> SpecState:
+    """One tree round as a pure function of the parameters and the loop state."""
+    plan = state.plan
+    tree = plan.tree
+    rng, draft_key, accept_key = jax.random.split(state.rng, 3)
+    lengths = state.lengths
+    ctx = draft_context(state, target_params)
+    proposal, draft_state = plan.drafter.propose_tree(draft_weights, state.draft_state, ctx, draft_key)
+    nodes = proposal.tokens  # [B, N]
+
+    # Verify the whole tree at once: window slots L-1..L-1+N, positions L-1+depth.
+    start = lengths - 1  # [B]
+    slots = start[:, None] + jnp.arange(tree.num_nodes + 1)  # [B, N+1]
+    positions = start[:, None] + jnp.asarray(tree.depths)  # [B, N+1]
+    verify_tokens = jnp.concatenate([gather_tokens(state.tokens, start[:, None]), nodes], axis=1)
+    mask = TreeMask(start=start, slots=slots, visible=jnp.asarray(tree.ancestors))
+    logits, target_cache = forward(plan.target, target_params, verify_tokens, positions, state.target_cache, mask)
+    p = logits if plan.sampling.greedy else probabilities(logits, plan.sampling)  # [B, N+1, V]
+    path, num_accepted, next_token = plan.rule(accept_key, tree, nodes, p, proposal.q)  # [B, D], [B], [B]
+
+    # Candidates [path tokens.., next, ...]: the first num_accepted + 1 count.
+    depth = tree.depth
+    j = jnp.arange(depth + 1)[None, :]
+    path_tokens = jnp.take_along_axis(verify_tokens, path, axis=1)  # [B, D]
+    padded = jnp.concatenate([path_tokens, jnp.zeros_like(path_tokens[:, :1])], axis=1)
+    candidates = jnp.where(j == num_accepted[:, None], next_token[:, None], padded)
+    tokens, new_lengths, done = commit(
+        state.tokens,
+        lengths,
+        state.prompt_lengths,
+        state.done,
+        candidates,
+        num_accepted + 1,
+        state.max_new_tokens,
+        state.eos_token_id,
+    )
+    # Compaction: accepted node path[j] (slot L-1+path[j]) belongs at slot L+j. A row that
+    # accepted fewer nodes, or is done, points the rest past the cache end (dropped).
+    live = ~state.done
+    keep = (j[:, :depth] < num_accepted[:, None]) & live[:, None]
+    src = start[:, None] + path  # [B, D]
+    dst = jnp.where(keep, lengths[:, None] + j[:, :depth], target_cache.max_length)
+    target_valid = jnp.minimum(lengths + num_accepted, new_lengths)
+    after = ctx.replace(tokens=tokens, lengths=new_lengths, done=done)
+    return state.replace(
+        tokens=tokens,
+        lengths=new_lengths,
+        done=done,
+        target_cache=target_cache.move(src, dst).replace(lengths=target_valid),
+        draft_state=plan.drafter.update_tree(draft_weights, draft_state, after, src, dst, num_accepted),
+        rng=rng,
+        row_rounds=state.row_rounds + live.astype(jnp.int32),
+        accepted_at=state.accepted_at + (keep).astype(jnp.int32),
+        forwards=state.forwards + 1,
+    )

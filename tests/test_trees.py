@@ -1,0 +1,291 @@
+"""Static tree verification: structure, greedy equality, exact sampling, cache compaction.
+
+Every sampling test has a negative control: `tree_no_residual_rule`, which tries siblings
+against the original p instead of the residual, must fail the very same test.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import RAGGED_PROMPTS, TARGET_CONFIG, scaled_model
+
+import specjax
+from specjax.bench.distribution import chi_square_p_value
+from specjax.engine.loop import prefill
+from specjax.engine.sampling import sample
+from specjax.trees import Tree, tree_greedy_rule, tree_no_residual_rule, tree_rejection_rule
+
+P_VALUE_PASS = 1e-3
+P_VALUE_FAIL = 1e-8
+
+
+def random_tree(seed: int, num_nodes: int) -> Tree:
+    """A random valid tree: each new node is the next-ranked child of a random node."""
+    rng = np.random.default_rng(seed)
+    paths, kids = [()], {(): 0}
+    while len(paths) <= num_nodes:
+        parent = paths[rng.integers(len(paths))]
+        child = (*parent, kids[parent])
+        kids[parent] += 1
+        kids[child] = 0
+        paths.append(child)
+    return Tree.from_paths(paths[1:])
+
+
+# --- Structure -------------------------------------------------------------------------------
+
+
+def test_tree_structure_arrays():
+    tree = Tree.from_paths([(1,), (0, 0), (0,), (0, 1), (1, 0), (0, 0, 0)])
+    assert tree.paths == ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0))  # canonical order
+    assert (tree.num_nodes, tree.depth) == (6, 3)
+    assert tree.parents.tolist() == [0, 0, 0, 1, 1, 2, 3]
+    assert tree.depths.tolist() == [0, 1, 1, 2, 2, 2, 3]
+    assert tree.children[0].tolist() == [1, 2] and tree.children[2].tolist() == [5, -1]
+    assert tree.ancestors[6].tolist() == [True, True, False, True, False, False, True]
+    assert tree.internal(1).tolist() == [1, 2] and tree.internal(2).tolist() == [3]
+    assert Tree.chain(3).paths == ((0,), (0, 0), (0, 0, 0)) and Tree.chain(3).is_chain
+    assert Tree.full(2, 3).num_nodes == 14
+    assert Tree.preset("medusa-like-64").num_nodes == 64
+
+
+@pytest.mark.parametrize(
+    "paths, message",
+    [
+        ([], "at least one node"),
+        ([(0, 0)], "prefix"),
+        ([(0,), (1, 0)], "prefix (1,)"),
+        ([(0,), (0,)], "twice"),
+        ([(0,), ()], "root is implicit"),
+        ([(0,), (-1,)], "non-negative"),
+        (5, "list of tuples"),
+    ],
+)
+def test_invalid_trees_are_clear_errors(paths, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Tree.from_paths(paths)
+
+
+def test_from_acceptance_is_optimal_among_small_trees():
+    """Greedy expansion equals brute force over every valid 4-node tree of ranks < 3, depth <= 3."""
+    acceptance = np.array([[0.5, 0.25, 0.1], [0.7, 0.1, 0.05], [0.8, 0.1, 0.02]])
+    candidates = [p for d in (1, 2, 3) for p in itertools.product(range(3), repeat=d)]
+    best = 0.0
+    for subset in itertools.combinations(candidates, 4):
+        if all(p[:end] in subset for p in subset for end in range(1, len(p))):
+            best = max(best, Tree(subset).expected_accepted(acceptance))
+    tree = Tree.from_acceptance(acceptance, 4)
+    assert tree.num_nodes == 4
+    assert tree.expected_accepted(acceptance) == pytest.approx(best)
+
+
+# --- The rule alone, on fixed distributions ----------------------------------------------------
+
+
+def _star(vocab: int, batch: int, seed: int):
+    """A root with 3 children drawn i.i.d. from q, each with one child: p, q fixed per node."""
+    tree = Tree.from_paths([(0,), (1,), (2,), (0, 0), (1, 0), (2, 0)])
+    rng = np.random.default_rng(seed)
+    p = jnp.asarray(rng.dirichlet(np.ones(vocab) * 0.5, size=tree.num_nodes + 1), jnp.float32)
+    q = jnp.asarray(rng.dirichlet(np.ones(vocab) * 0.5, size=tree.num_nodes + 1), jnp.float32)
+    return tree, jnp.broadcast_to(p, (batch, *p.shape)), jnp.broadcast_to(q, (batch, *q.shape))
+
+
+@pytest.mark.parametrize("rule_name", ["exact", "no_residual"])
+@pytest.mark.parametrize("candidates", ["iid", "top"])
+def test_tree_rule_first_token_follows_target(rule_name, candidates):
+    batch, vocab = 20000, 6
+    tree, p, q = _star(vocab, batch, seed=0)
+    draw_key, rule_key = jax.random.split(jax.random.key(0))
+    if candidates == "iid":
+        # Each node's children are i.i.d. draws from q at that node.
+        draws = sample(draw_key, q[:, tree.parents[1:]])  # [B, N]
+        tokens, q_arg = draws, q
+    else:
+        # Deterministic distinct candidates: the top-ranked tokens of q at the parent (q None).
+        order = jnp.argsort(-q[0], axis=-1)  # [N+1, V]
+        tokens = jnp.broadcast_to(order[tree.parents[1:], tree.ranks[1:]], (batch, tree.num_nodes))
+        q_arg = None
+    rule = tree_rejection_rule if rule_name == "exact" else tree_no_residual_rule
+    path, n, next_token = jax.jit(rule, static_argnums=1)(rule_key, tree, tokens, p, q_arg)
+    first_node = np.asarray(path[:, 0])  # 0 when nothing was accepted
+    accepted_token = np.asarray(tokens)[np.arange(batch), np.maximum(first_node - 1, 0)]
+    first = np.where(np.asarray(n) > 0, accepted_token, np.asarray(next_token))
+    p_value = chi_square_p_value(first, np.asarray(p[0, 0]))
+    if rule_name == "exact":
+        assert p_value > P_VALUE_PASS
+    else:
+        assert p_value < P_VALUE_FAIL
+
+
+def test_tree_greedy_rule_picks_the_matching_branch():
+    tree = Tree.from_paths([(0,), (1,), (1, 0), (1, 1)])  # nodes: 1=(0,) 2=(1,) 3=(1,0) 4=(1,1)
+    tokens = jnp.asarray([[5, 2, 7, 3]])
+    vocab = 8
+
+    def logits(ids):  # argmax per node 0..4
+        return jax.nn.one_hot(jnp.asarray(ids), vocab)[None]
+
+    path, n, nxt = tree_greedy_rule(None, tree, tokens, logits([2, 0, 3, 0, 6]), None)
+    assert (path[0].tolist(), int(n[0]), int(nxt[0])) == ([2, 4], 2, 6)  # root->2 (tok 2)->4 (tok 3), bonus 6
+    path, n, nxt = tree_greedy_rule(None, tree, tokens, logits([1, 0, 4, 0, 0]), None)
+    assert (path[0].tolist(), int(n[0]), int(nxt[0])) == ([0, 0], 0, 1)  # nothing matches: correction 1
+
+
+# --- The engine: greedy equality and counters ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = scaled_model(TARGET_CONFIG, seed=0)
+    draft = scaled_model(TARGET_CONFIG.replace(num_hidden_layers=1), seed=0)  # shares embeddings' seed
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def plain(pair):
+    return specjax.generate(pair[0], RAGGED_PROMPTS, max_new_tokens=24)
+
+
+TREES = {
+    "chain4": Tree.chain(4),
+    "binary3": Tree.full(2, 3),
+    "random9": random_tree(1, 9),
+    "random20": random_tree(2, 20),
+}
+
+
+@pytest.mark.parametrize("tree_name", sorted(TREES))
+@pytest.mark.parametrize("drafter_name", ["draft_model", "layer_skip"])
+def test_tree_greedy_equals_plain_greedy(pair, plain, tree_name, drafter_name):
+    target, draft = pair
+    drafter = specjax.DraftModel(draft) if drafter_name == "draft_model" else specjax.LayerSkip(layers=1)
+    out = specjax.speculative_generate(target, drafter, RAGGED_PROMPTS, max_new_tokens=24, tree=TREES[tree_name])
+    assert out.tokens == plain.tokens
+    assert out.stats.accepted_tokens > 0
+
+
+def test_tree_with_eos_cuts_rows_like_plain(pair):
+    target, draft = pair
+    eos = plain_eos = specjax.generate(target, RAGGED_PROMPTS, max_new_tokens=24).tokens[1][5]
+    plain_out = specjax.generate(target, RAGGED_PROMPTS, max_new_tokens=24, eos_token_id=plain_eos)
+    out = specjax.speculative_generate(
+        target, draft, RAGGED_PROMPTS, max_new_tokens=24, eos_token_id=eos, tree=random_tree(3, 12)
+    )
+    assert out.tokens == plain_out.tokens
+    assert any(len(t) < 24 for t in out.tokens)
+
+
+def test_chain_tree_equals_num_speculative_tokens(pair):
+    target, draft = pair
+    chain = specjax.speculative_generate(target, draft, RAGGED_PROMPTS, num_speculative_tokens=3, max_new_tokens=24)
+    tree = specjax.speculative_generate(target, draft, RAGGED_PROMPTS, max_new_tokens=24, tree=Tree.chain(3))
+    assert tree.tokens == chain.tokens
+    for field in ("rounds", "target_forwards", "accepted_tokens", "generated_tokens", "accepted_counts"):
+        assert getattr(tree.stats, field) == getattr(chain.stats, field), field
+
+
+def test_a_branching_tree_accepts_more_per_round_than_its_chain(pair):
+    target, draft = pair
+    chain = specjax.speculative_generate(target, draft, RAGGED_PROMPTS, max_new_tokens=24, tree=Tree.chain(3))
+    bushy = specjax.speculative_generate(target, draft, RAGGED_PROMPTS, max_new_tokens=24, tree=Tree.full(3, 3))
+    assert bushy.stats.mean_acceptance_length > chain.stats.mean_acceptance_length
+
+
+# --- Cache compaction ----------------------------------------------------------------------------
+
+
+def test_compacted_caches_equal_a_plain_prefill_of_the_committed_tokens(pair):
+    target, draft = pair
+    tree = Tree.full(3, 3)
+    state = specjax.init_speculative_state(target, draft, RAGGED_PROMPTS, max_new_tokens=24, tree=tree)
+    moved_any = False
+    for _ in range(4):
+        before = np.asarray(state.lengths)
+        state = specjax.speculative_step(target, draft, state)
+        committed = np.asarray(state.lengths)
+        # Rank-0 paths are moved onto themselves; a branch elsewhere really moves K/V.
+        moved_any |= bool(np.any(committed - before > 1))
+        reference = prefill(target.config, target.params, state.tokens, state.lengths, state.tokens.shape[1])
+        draft_reference = prefill(draft.config, draft.params, state.tokens, state.lengths, state.tokens.shape[1])
+        valid = np.asarray(state.target_cache.lengths)
+        assert np.all(valid == committed - 1)  # everything but the closing token, which is fed next
+        for b, n in enumerate(valid):
+            np.testing.assert_allclose(state.target_cache.k[:, b, :n], reference.k[:, b, :n], atol=2e-5)
+            np.testing.assert_allclose(state.target_cache.v[:, b, :n], reference.v[:, b, :n], atol=2e-5)
+            # The draft fed every accepted node but perhaps the last (a leaf is never fed): the
+            # ones before it must have moved into place in the draft cache too.
+            fed = max(before[b], committed[b] - 2)
+            cache = state.draft_state.cache
+            np.testing.assert_allclose(cache.k[:, b, :fed], draft_reference.k[:, b, :fed], atol=2e-5)
+    assert moved_any
+
+
+# --- Exact sampling through the engine -----------------------------------------------------------
+
+VOCAB8 = TARGET_CONFIG.replace(vocab_size=8)
+PROMPT = [1, 2, 3]
+SAMPLES = 6000
+
+
+def _exact_joint(target, sampling: specjax.SamplingConfig) -> np.ndarray:
+    """p(t1, t2 | prompt) under the processed target distribution -> [V * V]."""
+    vocab = target.config.vocab_size
+    first = specjax.probabilities(jnp.asarray(specjax.logits(target, [PROMPT])[0, -1]), sampling)
+    seconds = specjax.logits(target, [[*PROMPT, t] for t in range(vocab)])[:, -1]  # [V, V]
+    second = specjax.probabilities(jnp.asarray(seconds), sampling)
+    return np.asarray(first[:, None] * second).reshape(-1)
+
+
+@pytest.fixture(scope="module")
+def pair8():
+    target = scaled_model(VOCAB8, seed=0, scale=6.0)
+    draft = scaled_model(VOCAB8.replace(num_hidden_layers=1), seed=5, scale=6.0)
+    return target, draft
+
+
+SAMPLINGS = {"t1": dict(temperature=1.0), "t0.7_topk5_topp0.9": dict(temperature=0.7, top_k=5, top_p=0.9)}
+
+
+@pytest.mark.parametrize("rule_name", ["exact", "no_residual"])
+@pytest.mark.parametrize("candidates", ["sample", "top"])
+@pytest.mark.parametrize("sampling_name", sorted(SAMPLINGS))
+def test_tree_sampling_joint_of_first_two_tokens(pair8, sampling_name, candidates, rule_name):
+    target, draft = pair8
+    kwargs = SAMPLINGS[sampling_name]
+    expected = _exact_joint(target, specjax.SamplingConfig(**kwargs))
+    out = specjax.speculative_generate(
+        target,
+        specjax.DraftModel(draft, tree_candidates=candidates),
+        [PROMPT] * SAMPLES,
+        max_new_tokens=2,
+        seed=1,
+        tree=Tree.from_paths([(0,), (1,), (2,), (0, 0), (1, 0), (0, 1)]),
+        rule=None if rule_name == "exact" else tree_no_residual_rule,
+        **kwargs,
+    )
+    tokens = np.asarray(out.tokens)
+    p_value = chi_square_p_value(tokens[:, 0] * 8 + tokens[:, 1], expected)
+    if rule_name == "exact":
+        assert p_value > P_VALUE_PASS
+        assert 0.0 < out.stats.acceptance_rate < 1.0
+    else:
+        assert p_value < P_VALUE_FAIL
+
+
+# --- Errors --------------------------------------------------------------------------------------
+
+
+def test_tree_errors_name_the_problem(pair):
+    target, draft = pair
+    with pytest.raises(ValueError, match=r"specjax\.Tree"):
+        specjax.speculative_generate(target, draft, [[1, 2]], tree=[(0,), (1,)])
+    with pytest.raises(ValueError, match="cannot expand a token tree"):
+        specjax.speculative_generate(target, specjax.PromptLookup(), [[1, 2]], tree=Tree.chain(2))
+    with pytest.raises(ValueError, match="headroom"):
+        specjax.speculative_generate(target, draft, [[1, 2]], max_new_tokens=200, tree=Tree.preset("medusa-like-64"))
