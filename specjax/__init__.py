@@ -4,6 +4,7 @@ The tree shows the architecture:
     engine/     what runs inside one jit: prompts, the shared loop pieces, plain decoding,
                 the speculative round, sampling, acceptance rules, outputs
     drafters/   one file per way of proposing tokens, behind one interface (base.py)
+    trees/      static token trees: the structure, multi-candidate acceptance, tuning
     io/         models in and out: Model, Hugging Face directories, tokenizer, presets
     training/   everything that updates params: data, training, distillation, runs
     bench/      `specjax bench`: experiments, timing, cost model, reports
@@ -28,6 +29,8 @@ from specjax.engine.speculative import (
 from specjax.io.hf import load_model, save_model
 from specjax.io.model import Model, init_model, logits
 from specjax.models import KVCache, ModelConfig, init_cache
+from specjax.trees import Tree
+from specjax.trees.tune import measure_acceptance, tune_tree
 
 __version__ = "0.1.0"
 
@@ -51,6 +54,7 @@ __all__ = [
     "SamplingConfig",
     "SpecPlan",
     "SpecState",
+    "Tree",
     "generate",
     "greedy_rule",
     "init_cache",
@@ -58,6 +62,7 @@ __all__ = [
     "init_speculative_state",
     "load_model",
     "logits",
+    "measure_acceptance",
     "prepare_generate",
     "prepare_speculative_generate",
     "probabilities",
@@ -66,4 +71,5 @@ __all__ = [
     "speculative_generate",
     "speculative_step",
     "state_output",
+    "tune_tree",
 ]

@@ -16,6 +16,7 @@ from specjax.engine.loop import CacheConfig
 from specjax.engine.speculative import speculative_generate
 from specjax.io.embedded import default_pair, embedded_names
 from specjax.io.presets import RANDOM_PRESETS, resolve_model
+from specjax.trees.tree import PRESETS, Tree
 
 _DESCRIPTION = """\
 specjax: speculative decoding you can measure.
@@ -32,6 +33,8 @@ examples:
   specjax generate --prompt "import os" --plain --max-new-tokens 32
   specjax generate --prompt "def parse_args(" --drafter prompt-lookup -k 6
   specjax generate --prompt "def parse_args(" --drafter layer-skip:2
+  specjax generate --prompt "def parse_args(" --tree medusa-like-64
+  specjax generate --prompt "def parse_args(" --tree '[[0], [1], [0, 0], [1, 0], [0, 0, 0]]'
   specjax generate --prompt "x" --prompt "class Foo:" --temperature 1.0 --seed 3 --json
   specjax train --config configs/train_target.yaml --out runs/target
   specjax distill --config configs/distill_quick.yaml --out runs/distill_quick
@@ -71,6 +74,13 @@ def _add_generate(subparsers) -> None:
     )
     p.add_argument("--plain", action="store_true", help="plain decoding with the target only (the baseline)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=4, help="draft tokens per round (K)")
+    p.add_argument(
+        "--tree",
+        default=None,
+        help="verify a token tree instead of a chain of K: a preset (" + ", ".join(sorted(PRESETS)) + "), "
+        "chain:K, full:BRANCHING:DEPTH, or Medusa-style paths as YAML, e.g. '[[0], [1], [0, 0]]' "
+        "(works with draft models and layer skip)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 = exact speculative sampling")
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (both models)")
@@ -104,12 +114,13 @@ def _generate(args) -> int:
     cache = CacheConfig(dtype=args.kv_cache_dtype, block_size=args.attention_block, prefill_chunk=args.prefill_chunk)
     common = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, eos_token_id=eos, cache_config=cache, **sampling)
     draft = None if args.plain else _drafter(args, target)
+    tree = None if args.tree is None or args.plain else Tree.from_spec(args.tree)
 
     def run():
         if draft is None:
             return generate(target, prompts_text, **common)
         k = args.num_speculative_tokens
-        return speculative_generate(target, draft, prompts_text, num_speculative_tokens=k, **common)
+        return speculative_generate(target, draft, prompts_text, num_speculative_tokens=k, tree=tree, **common)
 
     if args.warmup:
         run()
@@ -131,11 +142,13 @@ def _generate(args) -> int:
     s = out.stats
     print("---")
     mode = "plain" if args.plain else f"speculative K={args.num_speculative_tokens}"
+    if tree is not None:
+        mode = f"speculative tree of {tree.num_nodes} nodes, depth {tree.depth} (verify width {s.verify_width})"
     print(f"{mode}: {s.generated_tokens} tokens, {s.target_forwards} target forwards, {s.rounds} row-rounds")
     if not args.plain:
         per_pos = " ".join(f"{a:.2f}" for a in s.accepted_per_position)
         print(f"acceptance rate {s.acceptance_rate:.3f}, mean acceptance length {s.mean_acceptance_length:.2f}")
-        print(f"per-position acceptance [{per_pos}]")
+        print(f"per-{'depth' if tree is not None else 'position'} acceptance [{per_pos}]")
         extra = ", ".join(f"{k} {v}" for k, v in s.drafter.items() if k != "kind")
         print(f"drafter {s.drafter.get('kind')}" + (f": {extra}" if extra else ""))
     compile_note = "including compilation" if not args.warmup else "after warm-up"

@@ -46,6 +46,19 @@ def test_drafters_and_cache_options_from_the_command_line(capsys):
     assert "min_ngram <= max_ngram" in capsys.readouterr().err
 
 
+def test_tree_from_the_command_line(capsys):
+    args = ["generate", "--prompt", "import os", "--max-new-tokens", "8", "--json"]
+    main([*args, "--plain"])
+    plain = json.loads(capsys.readouterr().out)
+    main([*args, "--tree", "[[0], [1], [0, 0], [1, 0]]"])
+    result = json.loads(capsys.readouterr().out)
+    assert result["tokens"] == plain["tokens"] and result["stats"]["verify_width"] == 5
+    assert main([*args, "--tree", "[[0, 0]]"]) == 2
+    assert "needs its prefix" in capsys.readouterr().err
+    assert main([*args, "--tree", "chain:2", "--drafter", "prompt-lookup"]) == 2
+    assert "cannot expand a token tree" in capsys.readouterr().err
+
+
 def test_bad_k_is_a_clean_error(capsys):
     assert main(["generate", "-k", "0"]) == 2
     assert "num_speculative_tokens must be an integer >= 1" in capsys.readouterr().err

@@ -289,3 +289,35 @@ def test_tree_errors_name_the_problem(pair):
         specjax.speculative_generate(target, specjax.PromptLookup(), [[1, 2]], tree=Tree.chain(2))
     with pytest.raises(ValueError, match="headroom"):
         specjax.speculative_generate(target, draft, [[1, 2]], max_new_tokens=200, tree=Tree.preset("medusa-like-64"))
+
+
+# --- Tuning and parsing -----------------------------------------------------------------------
+
+
+def test_tuned_tree_beats_the_chain_of_equal_width(pair):
+    """tune_tree's tree accepts at least as much per round as the chain of the same width,
+    and its predicted tokens per round is close to what the engine then measures."""
+    target, draft = pair
+    prompts = [[i, i + 1, i + 2] for i in range(1, 13)]
+    table = specjax.measure_acceptance(target, draft, prompts, max_new_tokens=24, max_depth=6, max_rank=4)
+    assert table.shape == (6, 4)
+    assert np.all(table >= 0) and np.all(table.sum(axis=1) <= 1 + 1e-9)  # ranks are disjoint events
+    tuned = specjax.tune_tree(target, draft, prompts, num_nodes=8, max_new_tokens=24, max_depth=6, max_rank=4)
+    assert tuned == Tree.from_acceptance(table, 8) and tuned.num_nodes == 8
+    measured = {}
+    for name, tree in {"tuned": tuned, "chain": Tree.chain(8)}.items():
+        out = specjax.speculative_generate(target, draft, prompts, max_new_tokens=24, tree=tree)
+        measured[name] = out.stats.mean_acceptance_length
+    assert measured["tuned"] >= measured["chain"]
+    assert abs(measured["tuned"] - (1 + tuned.expected_accepted(table))) < 0.2
+
+
+def test_tree_from_spec():
+    assert Tree.from_spec("chain:3") == Tree.chain(3)
+    assert Tree.from_spec("full:2:2") == Tree.full(2, 2)
+    assert Tree.from_spec("binary-3") == Tree.full(2, 3)
+    assert Tree.from_spec("[[0], [1], [0, 0]]") == Tree.from_paths([(0,), (1,), (0, 0)])
+    with pytest.raises(ValueError, match="unknown tree"):
+        Tree.from_spec("bushy")
+    with pytest.raises(ValueError, match="prefix"):
+        Tree.from_spec("[[0, 1]]")

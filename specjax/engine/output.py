@@ -22,11 +22,15 @@ class GenerationStats:
         decode steps (plain) in which it was still generating, summed over rows.
       target_forwards: batched target forward passes of the loop (one per round or step,
         however many rows it served); the prompt prefill is not counted.
-      drafted_tokens: K per row-round. accepted_tokens: draft tokens the target accepted.
-      acceptance_rate: accepted_tokens / drafted_tokens.
+      drafted_tokens: K (a tree: its N nodes) per row-round. accepted_tokens: draft tokens
+        the target accepted.
+      verify_width: tokens per row in each target forward: K + 1 (a tree: N + 1; plain: 1).
+      acceptance_rate: accepted_tokens / drafted_tokens (a tree drafts N to accept at most
+        its depth, so compare trees by mean_acceptance_length, not by this).
       mean_acceptance_length: 1 + accepted_tokens / rounds, pooled over rows, i.e. tokens a
         round yields counting the correction/bonus token (gpt-fast reports it without +1).
-      accepted_per_position: for i = 1..K, P(draft token i accepted | tokens 1..i-1 were).
+      accepted_per_position: for i = 1..K, P(draft token i accepted | tokens 1..i-1 were);
+        for a tree, i is the depth.
       accepted_counts: for i = 1..K, the row-rounds in which draft token i was accepted
         (acceptance is a prefix, so rounds that accepted exactly n tokens are
         accepted_counts[n-1] - accepted_counts[n]).
@@ -35,6 +39,7 @@ class GenerationStats:
     rounds: int
     target_forwards: int
     drafted_tokens: int
+    verify_width: int
     accepted_tokens: int
     generated_tokens: int
     acceptance_rate: float
@@ -63,12 +68,23 @@ def _ratio(num, den) -> float:
     return float(num) / float(den) if den else 0.0
 
 
-def collect_output(tokens, prompt_lengths, lengths, row_rounds, target_forwards, accepted_at=None, num_rows=None):
+def collect_output(
+    tokens,
+    prompt_lengths,
+    lengths,
+    row_rounds,
+    target_forwards,
+    accepted_at=None,
+    num_rows=None,
+    drafted_per_round=None,
+):
     """Host-side assembly from final loop state arrays (numpy).
 
     tokens [B, S]; prompt_lengths, lengths, row_rounds [B]; accepted_at [B, K] counts how
-    often draft position i was accepted (None for plain decoding). `num_rows`: keep only
-    the first num_rows rows (the rest pad the batch to its bucket); None keeps all.
+    often draft position i (a tree: depth i) was accepted (None for plain decoding).
+    `num_rows`: keep only the first num_rows rows (the rest pad the batch to its bucket);
+    None keeps all. `drafted_per_round`: tokens drafted per row-round when it is not K
+    (a tree's node count N); the verify width is drafted_per_round + 1.
     """
     if num_rows is not None:
         tokens, prompt_lengths, lengths, row_rounds = (
@@ -82,16 +98,18 @@ def collect_output(tokens, prompt_lengths, lengths, row_rounds, target_forwards,
         accepted_at = np.zeros((len(generated), 0), np.int64)
     accepted_at = np.asarray(accepted_at, np.int64)
     k = accepted_at.shape[1]
+    drafted = k if drafted_per_round is None else drafted_per_round
     row_accepted = accepted_at.sum(axis=1)
     accepted = int(row_accepted.sum())
     reached = np.concatenate([[rounds], accepted_at.sum(axis=0)])  # rounds that got to position i
     stats = GenerationStats(
         rounds=rounds,
         target_forwards=int(target_forwards),
-        drafted_tokens=k * rounds,
+        drafted_tokens=drafted * rounds,
+        verify_width=drafted + 1,
         accepted_tokens=accepted,
         generated_tokens=sum(len(g) for g in generated),
-        acceptance_rate=_ratio(accepted, k * rounds),
+        acceptance_rate=_ratio(accepted, drafted * rounds),
         mean_acceptance_length=1.0 + _ratio(accepted, rounds),
         accepted_per_position=[_ratio(reached[i + 1], reached[i]) for i in range(k)],
         accepted_counts=[int(c) for c in reached[1:]],

@@ -259,8 +259,11 @@ def speculative_step(target: Model, draft: Model | Drafter, state: SpecState) ->
     return _jit_round(target.params, drafter.weights(), state)
 
 
-def state_output(state: SpecState) -> GenerationOutput:
-    """Tokens and statistics of a (possibly unfinished) speculative state."""
+def state_output(state: SpecState, num_rows: int | None = None) -> GenerationOutput:
+    """Tokens and statistics of a (possibly unfinished) speculative state.
+
+    `num_rows`: report only the first num_rows rows (the rest pad a batch bucket).
+    """
     tokens, prompt_lengths, lengths, row_rounds, accepted_at, forwards, drafter_stats = jax.device_get(
         (
             state.tokens,
@@ -272,8 +275,18 @@ def state_output(state: SpecState) -> GenerationOutput:
             state.plan.drafter.stats(state.draft_state),
         )
     )
-    out = collect_output(np.asarray(tokens), prompt_lengths, lengths, row_rounds, forwards, accepted_at)
-    drafter = {"kind": state.plan.drafter.name, **{k: int(np.sum(v)) for k, v in drafter_stats.items()}}
+    out = collect_output(
+        np.asarray(tokens),
+        prompt_lengths,
+        lengths,
+        row_rounds,
+        forwards,
+        accepted_at,
+        num_rows=num_rows,
+        drafted_per_round=state.plan.num_speculative_tokens,
+    )
+    counters = {k: int(np.sum(np.asarray(v)[:num_rows])) for k, v in drafter_stats.items()}
+    drafter = {"kind": state.plan.drafter.name, **counters}
     return dataclasses.replace(out, stats=dataclasses.replace(out.stats, drafter=drafter))
 
 
@@ -322,33 +335,13 @@ def prepare_speculative_generate(
             cache_length=batch.cache_length,
         )
 
-    def collect(state: SpecState) -> GenerationOutput:
-        # `state_output` over the caller's rows only: padding rows of the batch bucket, and
-        # their drafter counters, are dropped.
-        rows = batch.num_rows
-        tokens, lengths, row_rounds, accepted_at, forwards, drafter_stats = jax.device_get(
-            (
-                state.tokens,
-                state.lengths,
-                state.row_rounds,
-                state.accepted_at,
-                state.forwards,
-                plan.drafter.stats(state.draft_state),
-            )
-        )
-        out = collect_output(
-            np.asarray(tokens), batch.lengths, lengths, row_rounds, forwards, accepted_at, num_rows=rows
-        )
-        counters = {k: int(np.sum(np.asarray(v)[:rows] if np.ndim(v) else v)) for k, v in drafter_stats.items()}
-        drafter = {"kind": plan.drafter.name, **counters}
-        return dataclasses.replace(out, stats=dataclasses.replace(out.stats, drafter=drafter))
-
     return PreparedGeneration(
         max_new_tokens=max_new_tokens,
         batch_size=batch.batch_size,
         cache_length=batch.cache_length,
         launch_fn=launch,
-        collect_fn=collect,
+        # Padding rows of the batch bucket, and their drafter counters, are dropped.
+        collect_fn=functools.partial(state_output, num_rows=batch.num_rows),
         tokenizer=target.tokenizer if batch.is_text else None,
     )
 

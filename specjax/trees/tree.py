@@ -17,6 +17,7 @@ import functools
 import heapq
 
 import numpy as np
+import yaml
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +104,33 @@ class Tree:
             if d + 1 < max_depth:  # the first child
                 heapq.heappush(frontier, (neg * acc[d + 1, 0], (*path, 0), -neg))
         return cls(tuple(chosen))
+
+    @classmethod
+    def from_spec(cls, spec) -> Tree:
+        """A tree from a command-line or YAML value: a preset name, "chain:K",
+        "full:BRANCHING:DEPTH", or a list of paths (YAML "[[0], [1], [0, 0]]")."""
+        if isinstance(spec, str):
+            if spec in PRESETS:
+                return PRESETS[spec]()
+            kind, _, rest = spec.partition(":")
+            try:
+                if kind == "chain" and rest:
+                    return cls.chain(int(rest))
+                if kind == "full" and rest:
+                    branching, depth = (int(x) for x in rest.split(":"))
+                    return cls.full(branching, depth)
+            except ValueError as e:
+                raise ValueError(f"cannot read tree {spec!r}: {e}") from e
+            try:
+                spec = yaml.safe_load(spec)
+            except yaml.YAMLError as e:
+                raise ValueError(f"cannot read tree {spec!r} as a preset, chain:K, full:B:D or a YAML list") from e
+            if isinstance(spec, str) or spec is None:
+                raise ValueError(
+                    f"unknown tree {spec!r}: use a preset ({', '.join(sorted(PRESETS))}), chain:K, "
+                    "full:BRANCHING:DEPTH or a list of paths like [[0], [1], [0, 0]]"
+                )
+        return cls.from_paths(spec)
 
     @classmethod
     def preset(cls, name: str) -> Tree:
