@@ -35,13 +35,22 @@ def init_params(config: ModelConfig, seed: int = 0) -> dict:
     return nnx.to_pure_dict(nnx.state(_build(config, seed), nnx.Param))
 
 
-def forward(config: ModelConfig, params: dict, tokens, positions, cache: KVCache, tree: TreeMask | None = None):
+def forward(
+    config: ModelConfig,
+    params: dict,
+    tokens,
+    positions,
+    cache: KVCache,
+    tree: TreeMask | None = None,
+    features: bool = False,
+):
     """Pure forward: (params, tokens [B, T], positions [B, T], cache) -> (logits [B, T, V], cache).
 
     `tree` (a TreeMask) verifies a token tree: tokens go to `tree.slots` and attend to the
-    committed prefix plus their ancestors (models/attention.py).
+    committed prefix plus their ancestors (models/attention.py). `features=True` also
+    returns the hidden states the LM head reads, [B, T, D]: (logits, cache, features).
     """
-    return nnx.merge(graphdef(config), params)(tokens, positions, cache, tree)
+    return nnx.merge(graphdef(config), params)(tokens, positions, cache, tree, features)
 
 
 def full_forward(config: ModelConfig, params: dict, tokens):

@@ -116,10 +116,12 @@ class Block(nnx.Module):
         return x + self.mlp(self.post_attention_norm(x)), cache
 
 
-def decode(model: nnx.Module, x, positions, cache: KVCache, tree: TreeMask | None = None):
+def decode(model: nnx.Module, x, positions, cache: KVCache, tree: TreeMask | None = None, features: bool = False):
     """The part every family shares: blocks, final norm, (tied) LM head, cache lengths.
 
-    x: embedded tokens [B, T, D] -> (logits [B, T, V] float32, updated cache).
+    x: embedded tokens [B, T, D] -> (logits [B, T, V] float32, updated cache), plus with
+    `features` the final-norm hidden states [B, T, D] the LM head reads (what draft heads
+    such as Medusa and EAGLE are conditioned on; free, since they are computed anyway).
     """
     for layer, block in enumerate(model.layers):
         x, cache = block(x, positions, cache, layer, tree)
@@ -132,6 +134,8 @@ def decode(model: nnx.Module, x, positions, cache: KVCache, tree: TreeMask | Non
     # its positions, and which of them become committed is the caller's to say.
     if tree is None:
         cache = cache.replace(lengths=jnp.max(positions, axis=1).astype(jnp.int32) + 1)
+    if features:
+        return logits.astype(jnp.float32), cache, x
     return logits.astype(jnp.float32), cache
 
 
@@ -145,6 +149,6 @@ class Llama(nnx.Module):
             self.lm_head = nnx.Param(_init(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
         self.config = config
 
-    def __call__(self, tokens, positions, cache: KVCache, tree: TreeMask | None = None):
+    def __call__(self, tokens, positions, cache: KVCache, tree: TreeMask | None = None, features: bool = False):
         """tokens, positions: [B, T] int32 -> (logits [B, T, V] float32, updated cache)."""
-        return decode(self, self.embed[...][tokens], positions, cache, tree)
+        return decode(self, self.embed[...][tokens], positions, cache, tree, features)

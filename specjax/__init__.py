@@ -11,7 +11,18 @@ The tree shows the architecture:
     models/     the model definitions (specjax.models), pure (params, tokens, positions, cache)
 """
 
-from specjax.drafters import DraftContext, Drafter, DraftModel, Fallback, LayerSkip, PromptLookup, Proposal
+from specjax.drafters import (
+    DraftContext,
+    Drafter,
+    DraftModel,
+    Fallback,
+    LayerSkip,
+    Medusa,
+    PromptLookup,
+    Proposal,
+    load_drafter,
+    save_drafter,
+)
 from specjax.engine.acceptance import AcceptanceRule, greedy_rule, rejection_sampling_rule
 from specjax.engine.decode import DecodeState, generate, prepare_generate
 from specjax.engine.loop import CacheConfig
@@ -46,6 +57,7 @@ __all__ = [
     "GenerationStats",
     "KVCache",
     "LayerSkip",
+    "Medusa",
     "Model",
     "ModelConfig",
     "PreparedGeneration",
@@ -60,6 +72,7 @@ __all__ = [
     "init_cache",
     "init_model",
     "init_speculative_state",
+    "load_drafter",
     "load_model",
     "logits",
     "measure_acceptance",
@@ -67,6 +80,7 @@ __all__ = [
     "prepare_speculative_generate",
     "probabilities",
     "rejection_sampling_rule",
+    "save_drafter",
     "save_model",
     "speculative_generate",
     "speculative_step",

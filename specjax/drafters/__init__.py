@@ -4,6 +4,8 @@
     layer_skip.py     the target's first N layers (self-speculation)
     prompt_lookup.py  n-gram matching in the row's own prompt + output
     fallback.py       one drafter where it found something, another elsewhere
+    medusa.py         Medusa heads on the target's own hidden states
+    heads.py          saving and loading trained heads
 
 `make_drafter` builds one from a name or a mapping, as the CLI and bench configs give it.
 """
@@ -16,7 +18,9 @@ from typing import Any
 from specjax.drafters.base import DraftContext, Drafter, Proposal, TreeProposal
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.fallback import Fallback
+from specjax.drafters.heads import is_head_directory, load_drafter, save_drafter
 from specjax.drafters.layer_skip import LayerSkip
+from specjax.drafters.medusa import Medusa
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.io.model import Model
 from specjax.models import ModelConfig
@@ -43,7 +47,8 @@ def make_drafter(
     """A drafter from a CLI/config spec; `load(name)` resolves model names.
 
     spec: "prompt-lookup" / "prompt_lookup", "layer-skip" (half of `target`'s layers),
-    "layer-skip:N", a model name (embedded, random preset or HF directory), or a mapping
+    "layer-skip:N", a trained head's directory (`save_drafter`), a model name (embedded,
+    random preset or HF directory), or a mapping
     {kind: ..., **arguments}:
         {kind: prompt_lookup, max_ngram: 3, min_ngram: 1, prefer: latest}
         {kind: layer_skip, layers: 2}
@@ -63,6 +68,8 @@ def make_drafter(
             if not count.isdigit():
                 raise ValueError(f"layer-skip:N needs an integer N, got {spec!r}")
             return LayerSkip(layers=int(count))
+        if is_head_directory(spec):
+            return load_drafter(spec, target)
         return DraftModel(load(spec))
     if not isinstance(spec, Mapping) or "kind" not in spec:
         raise ValueError(f"a drafter spec is a name or a mapping with a 'kind' key, got {spec!r}")
@@ -92,9 +99,12 @@ __all__ = [
     "Drafter",
     "Fallback",
     "LayerSkip",
+    "Medusa",
     "PromptLookup",
     "Proposal",
     "TreeProposal",
     "as_drafter",
+    "load_drafter",
     "make_drafter",
+    "save_drafter",
 ]

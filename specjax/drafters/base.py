@@ -50,6 +50,11 @@ class DraftContext:
     sampling: SamplingConfig = struct.field(pytree_node=False)
     cache: CacheConfig = struct.field(pytree_node=False, default=DEFAULT_CACHE)  # layout of any cache it keeps
     tree: Any = struct.field(pytree_node=False, default=None)  # the round's Tree, or None for a chain
+    # Target hidden states (the LM head's input, [.., D]) for drafters with needs_features:
+    # in `init`, of every prompt position [B, T_bucket, D]; in `update`, of the root and the
+    # accepted nodes of the round just verified, [B, A + 1, D] at positions L_prev - 1 + j,
+    # valid for j <= num_accepted. None for other drafters.
+    features: Any = None
 
 
 @struct.dataclass
@@ -115,8 +120,20 @@ class Drafter(abc.ABC):
         del weights, ctx, num_accepted
         return state
 
+    # Feature-conditioned drafters (Medusa, EAGLE) read the target's hidden states, which the
+    # engine then returns from the prefill and every verify pass (DraftContext.features).
+    needs_features = False
+
     # Trees (specjax/trees). A drafter that can expand a token tree overrides these two.
     supports_trees = False
+
+    def check_tree(self, target_config: ModelConfig, tree) -> None:
+        """Raise ValueError if this drafter cannot expand `tree` for `target_config`."""
+        if not self.supports_trees:
+            raise ValueError(
+                f"drafter {self.name!r} cannot expand a token tree; trees work with DraftModel, LayerSkip and Medusa"
+            )
+        self.check(target_config, tree.num_nodes)
 
     def propose_tree(self, weights, state, ctx: DraftContext, key: jax.Array) -> tuple[TreeProposal, Any]:
         """Tokens for the N nodes of `ctx.tree`: the rank-r child of a node is the r-th

@@ -40,8 +40,14 @@ DEFAULT_CACHE = CacheConfig()
 
 
 def prefill(
-    config: ModelConfig, params, prompt, prompt_lengths, cache_length: int, cache: CacheConfig = DEFAULT_CACHE
-) -> KVCache:
+    config: ModelConfig,
+    params,
+    prompt,
+    prompt_lengths,
+    cache_length: int,
+    cache: CacheConfig = DEFAULT_CACHE,
+    features: bool = False,
+) -> KVCache | tuple[KVCache, jax.Array]:
     """Write the K/V of right-padded prompts [B, T_bucket] into a fresh cache.
 
     Padding slots (>= a row's prompt length) receive garbage K/V; they lie beyond every
@@ -54,25 +60,34 @@ def prefill(
     written so far plus itself, so memory is O(chunk x block), not O(T x S). When the
     chunk does not divide T the last one starts at T - chunk and rewrites a few slots
     with the K/V they already hold.
+
+    Returns the cache, or with `features` (cache, hidden states [B, T_bucket, D] of every
+    prompt position: what a feature-conditioned draft head starts from).
     """
     b, t = prompt.shape
     kv = init_cache(config, b, cache_length, dtype=cache.dtype, block_size=cache.block_size)
     if t <= cache.prefill_chunk:
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        _, kv = forward(config, params, prompt, positions, kv)
-        return kv.replace(lengths=prompt_lengths)
+        out = forward(config, params, prompt, positions, kv, features=features)
+        kv = out[1].replace(lengths=prompt_lengths)
+        return (kv, out[2]) if features else kv
     chunk = cache.prefill_chunk
 
-    def body_fn(i, kv):
+    def body_fn(i, carry):
+        kv, hidden = carry
         start = jnp.minimum(i * chunk, t - chunk)
         tokens = jax.lax.dynamic_slice_in_dim(prompt, start, chunk, axis=1)  # [B, chunk]
         positions = jnp.broadcast_to(start + jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
-        _, kv = forward(config, params, tokens, positions, kv)
-        return kv
+        out = forward(config, params, tokens, positions, kv, features=features)
+        if features:
+            hidden = jax.lax.dynamic_update_slice_in_dim(hidden, out[2].astype(hidden.dtype), start, axis=1)
+        return out[1], hidden
 
+    hidden = jnp.zeros((b, t, config.hidden_size), jnp.dtype(config.dtype)) if features else None
     num_chunks = (jnp.max(prompt_lengths) + chunk - 1) // chunk
-    kv = jax.lax.fori_loop(0, num_chunks, body_fn, kv)
-    return kv.replace(lengths=prompt_lengths)
+    kv, hidden = jax.lax.fori_loop(0, num_chunks, body_fn, (kv, hidden))
+    kv = kv.replace(lengths=prompt_lengths)
+    return (kv, hidden) if features else kv
 
 
 def token_buffer(prompt, cache_length: int):

@@ -53,7 +53,9 @@ def chain_round(target_params, draft_weights, state: SpecState) -> SpecState:
     # the target's distribution p_{i+1} for the token at position L+i.
     positions = lengths[:, None] - 1 + jnp.arange(k + 1)  # [B, K+1]
     verify_tokens = jnp.concatenate([gather_tokens(state.tokens, positions[:, :1]), drafts], axis=1)
-    logits, target_cache = forward(plan.target, target_params, verify_tokens, positions, state.target_cache)
+    wants = plan.drafter.needs_features
+    out = forward(plan.target, target_params, verify_tokens, positions, state.target_cache, features=wants)
+    logits, target_cache = out[:2]  # features: out[2], [B, K+1, D] at positions L-1..L+K-1
     p = logits if plan.sampling.greedy else probabilities(logits, plan.sampling)
     num_accepted, next_token = plan.rule(accept_key, drafts, p, proposal.q)  # [B], [B]
 
@@ -74,7 +76,7 @@ def chain_round(target_params, draft_weights, state: SpecState) -> SpecState:
     live = ~state.done
     # Rollback is a length change: slots holding rejected drafts stay and get overwritten.
     target_valid = jnp.minimum(lengths + num_accepted, new_lengths)
-    after = ctx.replace(tokens=tokens, lengths=new_lengths, done=done)
+    after = ctx.replace(tokens=tokens, lengths=new_lengths, done=done, features=out[2] if wants else None)
     return state.replace(
         tokens=tokens,
         lengths=new_lengths,
@@ -106,12 +108,13 @@ def init_state(
     None: every row generates.
     """
     batch = prompt.shape[0]
+    wants = plan.drafter.needs_features
     state = SpecState(
         tokens=token_buffer(prompt, cache_length),
         lengths=prompt_lengths,
         prompt_lengths=prompt_lengths,
         done=jnp.zeros((batch,), bool) if done is None else done,
-        target_cache=prefill(plan.target, target_params, prompt, prompt_lengths, cache_length, plan.cache),
+        target_cache=None,
         draft_state=None,
         rng=rng,
         max_new_tokens=max_new_tokens,
@@ -121,8 +124,11 @@ def init_state(
         forwards=jnp.zeros((), jnp.int32),
         plan=plan,
     )
-    draft_state = plan.drafter.init(draft_weights, draft_context(state, target_params), prompt, cache_length)
-    return state.replace(draft_state=draft_state)
+    filled = prefill(plan.target, target_params, prompt, prompt_lengths, cache_length, plan.cache, features=wants)
+    target_cache, features = filled if wants else (filled, None)  # features [B, T_bucket, D]
+    state = state.replace(target_cache=target_cache)
+    ctx = draft_context(state, target_params).replace(features=features)
+    return state.replace(draft_state=plan.drafter.init(draft_weights, ctx, prompt, cache_length))
 
 
 _jit_init_state = jax.jit(init_state, static_argnames=("plan", "cache_length"))
@@ -174,15 +180,13 @@ def _prepare(
     if tree is not None:
         if not isinstance(tree, Tree):
             raise ValueError(f"tree must be a specjax.Tree (Tree.from_paths, Tree.chain, Tree.preset), got {tree!r}")
-        if not drafter.supports_trees:
-            raise ValueError(
-                f"drafter {drafter.name!r} cannot expand a token tree; trees work with DraftModel and LayerSkip"
-            )
+        drafter.check_tree(target.config, tree)
         # A tree's nodes occupy N slots past the root, whatever its depth.
         num_speculative_tokens = tree.num_nodes
     elif not isinstance(num_speculative_tokens, int | np.integer) or num_speculative_tokens < 1:
         raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {num_speculative_tokens!r}")
-    drafter.check(target.config, int(num_speculative_tokens))
+    else:
+        drafter.check(target.config, int(num_speculative_tokens))
     batch = prepare_prompts(target, prompts, max_new_tokens, headroom=num_speculative_tokens + 1)
     plan = SpecPlan(
         target=target.config,

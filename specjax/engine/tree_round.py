@@ -37,7 +37,9 @@ def tree_round(target_params, draft_weights, state: SpecState) -> SpecState:
     positions = start[:, None] + jnp.asarray(tree.depths)  # [B, N+1]
     verify_tokens = jnp.concatenate([gather_tokens(state.tokens, start[:, None]), nodes], axis=1)
     mask = TreeMask(start=start, slots=slots, visible=jnp.asarray(tree.ancestors))
-    logits, target_cache = forward(plan.target, target_params, verify_tokens, positions, state.target_cache, mask)
+    wants = plan.drafter.needs_features
+    out = forward(plan.target, target_params, verify_tokens, positions, state.target_cache, mask, features=wants)
+    logits, target_cache = out[:2]
     p = logits if plan.sampling.greedy else probabilities(logits, plan.sampling)  # [B, N+1, V]
     path, num_accepted, next_token = plan.rule(accept_key, tree, nodes, p, proposal.q)  # [B, D], [B], [B]
 
@@ -64,7 +66,12 @@ def tree_round(target_params, draft_weights, state: SpecState) -> SpecState:
     src = start[:, None] + path  # [B, D]
     dst = jnp.where(keep, lengths[:, None] + j[:, :depth], target_cache.max_length)
     target_valid = jnp.minimum(lengths + num_accepted, new_lengths)
-    after = ctx.replace(tokens=tokens, lengths=new_lengths, done=done)
+    # Features of the root and the accepted path, in path order: [B, D+1, hidden].
+    features = None
+    if wants:
+        order = jnp.concatenate([jnp.zeros_like(path[:, :1]), path], axis=1)  # [B, D+1]
+        features = jnp.take_along_axis(out[2], order[:, :, None], axis=1)
+    after = ctx.replace(tokens=tokens, lengths=new_lengths, done=done, features=features)
     return state.replace(
         tokens=tokens,
         lengths=new_lengths,

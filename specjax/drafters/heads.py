@@ -1,0 +1,95 @@
+"""Saving and loading trained draft heads (Medusa; EAGLE-style heads share the format).
+
+A head directory holds `drafter.json` (its kind, shape, and the target it was trained
+for) and `model.safetensors` (the head's own weights only: the target's embedding and LM
+head are read from the target at run time, never stored twice).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from specjax.drafters.base import Drafter
+from specjax.drafters.medusa import Medusa
+from specjax.models import ModelConfig
+
+FORMAT = "specjax-drafter-1"
+_CONFIG = "drafter.json"
+
+
+def is_head_directory(path) -> bool:
+    return (Path(path) / _CONFIG).is_file()
+
+
+def _flatten(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
+    out = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = np.asarray(jax.device_get(value))
+    return out
+
+
+def _unflatten(flat: dict[str, np.ndarray]) -> dict:
+    out: dict = {}
+    for name, value in flat.items():
+        node = out
+        *parents, leaf = name.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def save_drafter(drafter: Drafter, path, target_name: str | None = None, target: ModelConfig | None = None) -> Path:
+    """Write a trained head to `path` (a directory), naming the target it was trained for."""
+    if not isinstance(drafter, Medusa) or drafter.params is None:
+        raise ValueError(f"save_drafter saves trained heads (Medusa with weights), got {drafter!r}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = {
+        "format": FORMAT,
+        "kind": drafter.name,
+        "num_heads": drafter.num_heads,
+        "hidden_size": drafter.hidden_size,
+        "vocab_size": drafter.vocab_size,
+        "target": {
+            "name": target_name,
+            **({} if target is None else {"hidden_size": target.hidden_size, "vocab_size": target.vocab_size}),
+        },
+    }
+    (path / _CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    save_file(_flatten(drafter.params), str(path / "model.safetensors"))
+    return path
+
+
+def load_drafter(path, target=None) -> Drafter:
+    """A head saved by `save_drafter`, checked against `target` (a Model or ModelConfig) if given.
+
+    A head trained for another target (another hidden size or vocabulary) is a clear error.
+    """
+    path = Path(path)
+    if not is_head_directory(path):
+        raise ValueError(f"{path} is not a specjax head directory (no {_CONFIG})")
+    config = json.loads((path / _CONFIG).read_text())
+    if config.get("format") != FORMAT:
+        raise ValueError(f"{path / _CONFIG} has format {config.get('format')!r}, expected {FORMAT!r}")
+    if config["kind"] != "medusa":
+        raise ValueError(f"unknown head kind {config['kind']!r} in {path}")
+    params = _unflatten(load_file(str(path / "model.safetensors")))
+    drafter = Medusa(params=jax.tree.map(jax.numpy.asarray, params), vocab_size=int(config["vocab_size"]))
+    if target is not None:
+        target_config = getattr(target, "config", target)
+        try:
+            drafter.check(target_config, 1)
+        except ValueError as e:
+            trained_for = config["target"].get("name") or "another target"
+            raise ValueError(f"head {path} was trained for {trained_for}: {e}") from e
+    return drafter
