@@ -38,6 +38,7 @@ examples:
   specjax generate --prompt "x" --prompt "class Foo:" --temperature 1.0 --seed 3 --json
   specjax train --config configs/train_target.yaml --out runs/target
   specjax distill --config configs/distill_quick.yaml --out runs/distill_quick
+  specjax train-head --config configs/medusa_head.yaml --out runs/medusa
   specjax bench --config configs/quick.yaml --out runs/bench_quick
   specjax bench --config configs/e3_k_sweep.yaml --out runs/e3 --set timing.repeats=9
   specjax bench --config configs/e8_methods.yaml --out runs/e8
@@ -241,6 +242,30 @@ def _distill(args) -> int:
     return 0
 
 
+def _add_train_head(subparsers) -> None:
+    p = subparsers.add_parser(
+        "train-head",
+        help="train Medusa draft heads on a frozen target's hidden states (resumes automatically)",
+        description="Train draft heads that read the target's own hidden states (Medusa: K residual "
+        "heads through the target's LM head, distilled toward the target's distribution). Writes "
+        "metrics.jsonl (with held-out acceptance), results.json and the head under OUT/head, which "
+        "`specjax generate --drafter OUT/head` and `specjax.load_drafter` accept. Rerunning resumes.",
+        formatter_class=_HelpFormatter,
+    )
+    _add_run_arguments(p, "YAML of a HeadTrainConfig (see configs/medusa_head.yaml)")
+    p.set_defaults(func=_train_head)
+
+
+def _train_head(args) -> int:
+    from specjax.configs import load_config
+    from specjax.training.heads import HeadTrainConfig, train_head
+
+    config = load_config(HeadTrainConfig, args.config, args.set)
+    results = train_head(config, args.out, progress=not args.no_progress)
+    print(json.dumps(results, indent=2))
+    return 0
+
+
 def _add_bench(subparsers) -> None:
     p = subparsers.add_parser(
         "bench",
@@ -287,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(subparsers)
     _add_train(subparsers)
     _add_distill(subparsers)
+    _add_train_head(subparsers)
     _add_bench(subparsers)
     return parser
 

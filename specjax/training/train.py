@@ -58,7 +58,7 @@ def make_optimizer(optim: OptimConfig, steps: int) -> optax.GradientTransformati
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0,
         peak_value=optim.learning_rate,
-        warmup_steps=min(optim.warmup_steps, steps),
+        warmup_steps=min(optim.warmup_steps, steps - 1),  # the cosine needs at least one step
         decay_steps=steps,
         end_value=optim.learning_rate * optim.min_learning_rate_ratio,
     )

@@ -1,0 +1,176 @@
+"""Training draft heads on a frozen target's hidden states (`specjax train-head`).
+
+Medusa (Cai et al. 2024): head k at position t is trained toward the target's own
+distribution for the token at t + 1 + k, i.e. the target's prediction at position t + k
+given the true prefix (self-distillation: KL(p_target || q_head)),
+on corpus windows. The target's features and logits are computed on the fly inside the
+jitted step: one frozen forward per batch, no backward through it.
+
+The run directory is the same machinery as `train` and `distill`: the resolved config,
+orbax checkpoints (exact resume after a kill), metrics.jsonl with held-out acceptance every
+`eval.every` steps, and the trained head saved with `save_drafter` under OUT/head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import optax
+from tqdm.auto import tqdm
+
+from specjax.drafters.heads import save_drafter
+from specjax.drafters.medusa import Medusa, init_medusa_params, medusa_hidden, target_logits
+from specjax.engine.speculative import speculative_generate
+from specjax.io.model import Model
+from specjax.models import ModelConfig, forward, init_cache
+from specjax.training.data import DataConfig, held_out_prompts, training_batch
+from specjax.training.runs import open_run, resume_or_start
+from specjax.training.train import OptimConfig, make_optimizer
+
+KINDS = ("medusa",)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadEvalConfig:
+    every: int = 100
+    prompts: int = 16  # held-out code prompts from the validation split
+    prompt_bytes: int = 64
+    max_new_tokens: int = 48
+    num_speculative_tokens: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadTrainConfig:
+    target: str = "stdlib-target"  # embedded name or HF directory; frozen
+    kind: str = "medusa"
+    num_heads: int = 4
+    data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(seq_len=128, batch_size=16))
+    optim: OptimConfig = dataclasses.field(
+        default_factory=lambda: OptimConfig(learning_rate=1e-3, warmup_steps=20, weight_decay=0.0)
+    )
+    eval: HeadEvalConfig = dataclasses.field(default_factory=HeadEvalConfig)
+    steps: int = 300
+    seed: int = 0
+    checkpoint_every: int = 50
+    log_every: int = 10
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown head kind {self.kind!r}; choose one of {', '.join(KINDS)}")
+        for name in ("num_heads", "steps", "checkpoint_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+def target_features(config: ModelConfig, params, tokens):
+    """Cache-free target pass: tokens [B, T] -> (logits [B, T, V], features [B, T, D])."""
+    b, t = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    logits, _, features = forward(config, params, tokens, positions, init_cache(config, b, t), features=True)
+    return logits, features
+
+
+def medusa_loss(target_config: ModelConfig, target_params, head_params, tokens):
+    """Mean over heads and positions of KL(target p at t + k || head k at t): tokens [B, T].
+
+    KL is the soft cross-entropy minus the target's entropy, so 0 means a perfect head.
+    """
+    logits, features = target_features(target_config, target_params, tokens)
+    logits, features = jax.lax.stop_gradient(logits), jax.lax.stop_gradient(features)
+    b, t, d = features.shape
+    num_heads = head_params["w"].shape[0]
+    hidden = medusa_hidden(head_params, features.reshape(b * t, d)).reshape(b, t, num_heads, d)
+    head_logits = target_logits(target_config, target_params, hidden)  # [B, T, H, V]
+    losses = []
+    for k in range(1, num_heads + 1):
+        # Head k at t guesses the token at t + 1 + k, whose target distribution is logits[t + k].
+        teacher = jax.nn.log_softmax(logits[:, k:], axis=-1)  # [B, T-k, V]
+        student = jax.nn.log_softmax(head_logits[:, : t - k, k - 1], axis=-1)
+        losses.append(jnp.mean(jnp.sum(jnp.exp(teacher) * (teacher - student), axis=-1)))
+    return jnp.mean(jnp.stack(losses)), jnp.stack(losses)
+
+
+def _step(target_config, optimizer, target_params, params, opt_state, tokens):
+    (loss, per_head), grads = jax.value_and_grad(
+        lambda p: medusa_loss(target_config, target_params, p, tokens), has_aux=True
+    )(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, per_head
+
+
+def head_acceptance(config: HeadTrainConfig, target: Model, head: Medusa, prompts: list[str]) -> dict:
+    """Held-out greedy mean acceptance length and rate of `head` at eval K."""
+    stats = speculative_generate(
+        target,
+        head,
+        prompts,
+        num_speculative_tokens=min(config.eval.num_speculative_tokens, head.num_heads),
+        max_new_tokens=config.eval.max_new_tokens,
+        seed=config.seed,
+    ).stats
+    return {
+        "mean_acceptance_length_greedy": stats.mean_acceptance_length,
+        "acceptance_rate_greedy": stats.acceptance_rate,
+    }
+
+
+def train_head(config: HeadTrainConfig, out_dir: str | Path, progress: bool = True, stop_after: int | None = None):
+    """Train (or resume training) a head into `out_dir`; returns the results dict."""
+    from specjax.io.presets import resolve_model
+
+    out_dir = open_run(out_dir, config, "head_config.yaml")
+    target = resolve_model(config.target)
+    as_head = lambda params: Medusa(params=params, vocab_size=target.config.vocab_size)  # noqa: E731
+    dtype = jnp.dtype(target.config.dtype)
+    initial = init_medusa_params(target.config.hidden_size, config.num_heads, config.seed, dtype)
+    optimizer = make_optimizer(config.optim, config.steps)
+    params, opt_state, start, checkpoints, metrics = resume_or_start(
+        out_dir, initial, optimizer, config.checkpoint_every
+    )
+    prompts = held_out_prompts("code", config.eval.prompts, config.eval.prompt_bytes, split="validation")
+    if start == 0:
+        metrics.write({"step": 0, **head_acceptance(config, target, as_head(initial), prompts)})
+
+    step_fn = jax.jit(_step, static_argnums=(0, 1), donate_argnums=(3, 4))
+    end = config.steps if stop_after is None else min(config.steps, start + stop_after)
+    clock = time.perf_counter()
+    bar = tqdm(range(start, end), initial=start, total=config.steps, disable=not progress, desc="train-head")
+    for step in bar:
+        tokens = jnp.asarray(training_batch(config.data, config.seed, step))
+        params, opt_state, loss, per_head = step_fn(target.config, optimizer, target.params, params, opt_state, tokens)
+        done = step + 1
+        if done % config.log_every == 0 or done % config.eval.every == 0 or done == config.steps:
+            row = {
+                "step": done,
+                "loss": float(loss),
+                "loss_per_head": [float(x) for x in per_head],
+                "seconds": time.perf_counter() - clock,
+            }
+            if done % config.eval.every == 0 or done == config.steps:
+                row.update(head_acceptance(config, target, as_head(params), prompts))
+            metrics.write(row)
+            bar.set_postfix(loss=f"{float(loss):.3f}")
+        checkpoints.save(done, {"params": params, "opt_state": opt_state}, force=done == end)
+    checkpoints.close()
+    if end < config.steps:
+        return {"completed_steps": end}
+    rows = metrics.rows()
+    final = next(r for r in reversed(rows) if "mean_acceptance_length_greedy" in r)
+    head_dir = save_drafter(as_head(params), out_dir / "head", target_name=config.target, target=target.config)
+    results = {
+        "kind": config.kind,
+        "steps": config.steps,
+        "num_heads": config.num_heads,
+        "head_parameters": int(sum(x.size for x in jax.tree.leaves(params))),
+        "mean_acceptance_length_before": rows[0]["mean_acceptance_length_greedy"],
+        "mean_acceptance_length_after": final["mean_acceptance_length_greedy"],
+        "head": str(head_dir),
+        "eval": dataclasses.asdict(config.eval),
+    }
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    return results

@@ -1,0 +1,189 @@
+"""Feature-conditioned draft heads (Medusa): features, greedy equality, exact sampling,
+save/load, training and its resume after kill -9."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import RAGGED_PROMPTS, TARGET_CONFIG, kill_after_checkpoint, scaled_model
+
+import specjax
+from specjax.bench.distribution import chi_square_p_value
+from specjax.configs import dump_config, load_config
+from specjax.drafters.medusa import init_medusa_params
+from specjax.engine.acceptance import always_accept_rule
+from specjax.io.tokenizer import ByteTokenizer
+from specjax.training.data import training_batch
+from specjax.training.heads import HeadTrainConfig, medusa_loss, target_features, train_head
+from specjax.trees import Tree, tree_no_residual_rule
+
+
+def random_heads(config, num_heads: int, seed: int, scale: float) -> specjax.Medusa:
+    """Heads that differ from the target's LM head: random residual blocks of `scale`."""
+    params = init_medusa_params(config.hidden_size, num_heads, seed)
+    w = scale * jax.random.normal(jax.random.key(seed + 1), params["w"].shape) / np.sqrt(config.hidden_size)
+    return specjax.Medusa(params={"w": w, "b": params["b"]}, vocab_size=config.vocab_size)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return scaled_model(TARGET_CONFIG, seed=0)
+
+
+@pytest.fixture(scope="module")
+def heads():
+    return random_heads(TARGET_CONFIG, num_heads=4, seed=0, scale=0.5)
+
+
+def test_heads_receive_the_targets_hidden_states_at_the_right_positions(target, heads):
+    """After the prefill and after every round, the head holds the target's hidden state at
+    position length - 2 (the last verified one), as a cache-free full forward computes it."""
+    state = specjax.init_speculative_state(target, heads, RAGGED_PROMPTS, num_speculative_tokens=3, max_new_tokens=20)
+    for _ in range(5):
+        lengths = np.asarray(state.lengths)
+        # The whole buffer: slots past a row's length cannot reach earlier positions (causal).
+        _, features = jax.jit(target_features, static_argnums=0)(target.config, target.params, state.tokens)
+        expected = np.asarray(features)[np.arange(len(lengths)), np.maximum(lengths - 2, 0)]
+        live = ~np.asarray(state.done)
+        np.testing.assert_allclose(np.asarray(state.draft_state.feature)[live], expected[live], atol=2e-4, rtol=2e-4)
+        state = specjax.speculative_step(target, heads, state)
+
+
+@pytest.mark.parametrize("tree", [None, Tree.full(2, 3)], ids=["chain", "tree"])
+def test_greedy_with_heads_equals_plain_greedy(target, heads, tree):
+    plain = specjax.generate(target, RAGGED_PROMPTS, max_new_tokens=24)
+    out = specjax.speculative_generate(
+        target, heads, RAGGED_PROMPTS, num_speculative_tokens=3, max_new_tokens=24, tree=tree
+    )
+    assert out.tokens == plain.tokens
+    assert out.stats.accepted_tokens > 0 and out.stats.drafter["kind"] == "medusa"
+
+
+VOCAB8 = TARGET_CONFIG.replace(vocab_size=8)
+PROMPT = [1, 2, 3]
+SAMPLES = 6000
+
+
+def _exact_joint(model, sampling) -> np.ndarray:
+    vocab = model.config.vocab_size
+    first = specjax.probabilities(jnp.asarray(specjax.logits(model, [PROMPT])[0, -1]), sampling)
+    seconds = specjax.logits(model, [[*PROMPT, t] for t in range(vocab)])[:, -1]
+    return np.asarray(first[:, None] * specjax.probabilities(jnp.asarray(seconds), sampling)).reshape(-1)
+
+
+@pytest.mark.parametrize("rule_name", ["exact", "wrong"])
+@pytest.mark.parametrize("tree", [None, Tree.from_paths([(0,), (1,), (2,), (0, 0), (1, 0)])], ids=["chain", "tree"])
+def test_sampling_with_heads_follows_the_target(rule_name, tree):
+    target = scaled_model(VOCAB8, seed=0, scale=6.0)
+    heads = random_heads(VOCAB8, num_heads=2, seed=3, scale=4.0)
+    expected = _exact_joint(target, specjax.SamplingConfig(temperature=1.0))
+    wrong = always_accept_rule if tree is None else tree_no_residual_rule
+    out = specjax.speculative_generate(
+        target,
+        heads,
+        [PROMPT] * SAMPLES,
+        num_speculative_tokens=2,
+        max_new_tokens=2,
+        temperature=1.0,
+        seed=1,
+        tree=tree,
+        rule=None if rule_name == "exact" else wrong,
+    )
+    tokens = np.asarray(out.tokens)
+    p_value = chi_square_p_value(tokens[:, 0] * 8 + tokens[:, 1], expected)
+    if rule_name == "exact":
+        assert p_value > 1e-3
+        assert 0.0 < out.stats.acceptance_rate < 1.0
+    else:
+        assert p_value < 1e-8
+
+
+def test_save_load_round_trip_and_wrong_target(target, heads, tmp_path):
+    specjax.save_drafter(heads, tmp_path / "head", target_name="tiny-target", target=target.config)
+    loaded = specjax.load_drafter(tmp_path / "head", target)
+    for a, b in zip(jax.tree.leaves(heads.params), jax.tree.leaves(loaded.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    a = specjax.speculative_generate(target, heads, RAGGED_PROMPTS, num_speculative_tokens=3, max_new_tokens=12)
+    b = specjax.speculative_generate(target, loaded, RAGGED_PROMPTS, num_speculative_tokens=3, max_new_tokens=12)
+    assert a.tokens == b.tokens and a.stats == b.stats
+    other = scaled_model(TARGET_CONFIG.replace(hidden_size=64, intermediate_size=64), seed=0)
+    with pytest.raises(ValueError, match=r"trained for tiny-target.*hidden size 32"):
+        specjax.load_drafter(tmp_path / "head", other)
+    with pytest.raises(ValueError, match="vocabulary of 48"):
+        specjax.load_drafter(tmp_path / "head", TARGET_CONFIG.replace(vocab_size=64))
+    with pytest.raises(ValueError, match="at most 4 tokens"):
+        specjax.speculative_generate(target, loaded, [[1, 2]], num_speculative_tokens=5)
+    with pytest.raises(ValueError, match="not a specjax head directory"):
+        specjax.load_drafter(tmp_path)
+
+
+# --- Training --------------------------------------------------------------------------------
+
+BYTES = TARGET_CONFIG.replace(vocab_size=259, num_attention_heads=2, num_key_value_heads=1)
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("head_target")
+    model = scaled_model(BYTES, seed=0, scale=6.0)
+    specjax.save_model(specjax.Model(model.config, model.params, ByteTokenizer()), root / "target")
+    return root / "target"
+
+
+def _config(target_dir, *overrides) -> HeadTrainConfig:
+    return load_config(
+        HeadTrainConfig,
+        None,
+        [
+            f"target={target_dir}",
+            "num_heads=3",
+            "data.seq_len=32",
+            "data.batch_size=4",
+            "optim.learning_rate=0.01",
+            "optim.warmup_steps=2",
+            "eval.prompts=4",
+            "eval.prompt_bytes=16",
+            "eval.max_new_tokens=12",
+            "eval.num_speculative_tokens=3",
+            "checkpoint_every=5",
+            "log_every=5",
+            *overrides,
+        ],
+    )
+
+
+def test_training_lowers_the_loss_of_every_head(target_dir, tmp_path):
+    config = _config(target_dir, "steps=60", "eval.every=30")
+    results = train_head(config, tmp_path / "run", progress=False)
+    rows = [json.loads(r) for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert sum("loss_per_head" in r for r in rows) == 12
+    assert sum("mean_acceptance_length_greedy" in r for r in rows) == 3  # steps 0, 30, 60
+    target = specjax.load_model(target_dir)
+    head = specjax.load_drafter(results["head"], target)
+    assert head.num_heads == 3 and results["head_parameters"] == 3 * (32 * 32 + 32)
+    # On one fixed batch (batch noise aside), every head's KL to the target went down.
+    tokens = jnp.asarray(training_batch(config.data, config.seed, 0))
+    initial = init_medusa_params(BYTES.hidden_size, 3, config.seed)
+    _, before = medusa_loss(target.config, target.params, initial, tokens)
+    _, after = medusa_loss(target.config, target.params, head.params, tokens)
+    assert np.all(np.asarray(after) < 0.9 * np.asarray(before)), (before, after)
+
+
+def test_kill_9_during_head_training_then_resume(target_dir, tmp_path):
+    """SIGKILL a real `specjax train-head` after a checkpoint; the rerun ends as an uninterrupted run."""
+    config = _config(target_dir, "steps=40", "eval.every=40")
+    config_path = tmp_path / "head.yaml"
+    dump_config(config, config_path)
+    run_dir = tmp_path / "killed"
+    command = [sys.executable, "-m", "specjax.cli", "train-head", "--config", str(config_path), "--out", str(run_dir)]
+    kill_after_checkpoint([*command, "--no-progress"], run_dir / "checkpoints", min_step=10, total_steps=40)
+    straight = train_head(config, tmp_path / "straight", progress=False)
+    a = specjax.load_drafter(straight["head"]).params
+    b = specjax.load_drafter(run_dir / "head").params
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
