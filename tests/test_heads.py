@@ -1,5 +1,5 @@
-"""Feature-conditioned draft heads (Medusa): features, greedy equality, exact sampling,
-save/load, training and its resume after kill -9."""
+"""Feature-conditioned draft heads (Medusa, EAGLE): features, greedy equality, exact
+sampling, save/load, training and its resume after kill -9."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from conftest import RAGGED_PROMPTS, TARGET_CONFIG, kill_after_checkpoint, scale
 import specjax
 from specjax.bench.distribution import chi_square_p_value
 from specjax.configs import dump_config, load_config
+from specjax.drafters.eagle import head_config, init_eagle_params
 from specjax.drafters.medusa import init_medusa_params
 from specjax.engine.acceptance import always_accept_rule
 from specjax.io.tokenizer import ByteTokenizer
 from specjax.training.data import training_batch
-from specjax.training.heads import HeadTrainConfig, medusa_loss, target_features, train_head
+from specjax.training.heads import HeadTrainConfig, eagle_loss, medusa_loss, target_features, train_head
 from specjax.trees import Tree, tree_no_residual_rule
 
 
@@ -30,38 +31,59 @@ def random_heads(config, num_heads: int, seed: int, scale: float) -> specjax.Med
     return specjax.Medusa(params={"w": w, "b": params["b"]}, vocab_size=config.vocab_size)
 
 
+def random_eagle(target: specjax.Model, seed: int, scale: float) -> specjax.Eagle:
+    """An EAGLE head whose layer weights are scaled up so that its guesses vary."""
+    layer = head_config(target.config, 2, 1, 32)
+    params = init_eagle_params(layer, target.params, seed)
+    params = {**params, "fc": params["fc"] * scale, "layers": jax.tree.map(lambda x: x * scale, params["layers"])}
+    return specjax.Eagle(params=params, config=layer)
+
+
 @pytest.fixture(scope="module")
 def target():
     return scaled_model(TARGET_CONFIG, seed=0)
 
 
-@pytest.fixture(scope="module")
-def heads():
-    return random_heads(TARGET_CONFIG, num_heads=4, seed=0, scale=0.5)
+@pytest.fixture(scope="module", params=["medusa", "eagle"])
+def heads(request, target):
+    if request.param == "medusa":
+        return random_heads(TARGET_CONFIG, num_heads=4, seed=0, scale=0.5)
+    return random_eagle(target, seed=0, scale=8.0)
 
 
 def test_heads_receive_the_targets_hidden_states_at_the_right_positions(target, heads):
-    """After the prefill and after every round, the head holds the target's hidden state at
-    position length - 2 (the last verified one), as a cache-free full forward computes it."""
+    """After the prefill and after every round, the head holds the target's hidden states up
+    to position length - 2 (the last verified one), as a cache-free full forward computes them:
+    Medusa the one at length - 2, EAGLE all of them by position."""
     state = specjax.init_speculative_state(target, heads, RAGGED_PROMPTS, num_speculative_tokens=3, max_new_tokens=20)
     for _ in range(5):
         lengths = np.asarray(state.lengths)
         # The whole buffer: slots past a row's length cannot reach earlier positions (causal).
         _, features = jax.jit(target_features, static_argnums=0)(target.config, target.params, state.tokens)
-        expected = np.asarray(features)[np.arange(len(lengths)), np.maximum(lengths - 2, 0)]
         live = ~np.asarray(state.done)
-        np.testing.assert_allclose(np.asarray(state.draft_state.feature)[live], expected[live], atol=2e-4, rtol=2e-4)
+        if heads.name == "medusa":
+            expected = np.asarray(features)[np.arange(len(lengths)), np.maximum(lengths - 2, 0)]
+            held = np.asarray(state.draft_state.feature)
+            np.testing.assert_allclose(held[live], expected[live], atol=2e-4, rtol=2e-4)
+        else:
+            for b in np.flatnonzero(live):
+                held = np.asarray(state.draft_state.features[b, : lengths[b] - 1])
+                np.testing.assert_allclose(held, np.asarray(features[b, : lengths[b] - 1]), atol=2e-4, rtol=2e-4)
         state = specjax.speculative_step(target, heads, state)
 
 
 @pytest.mark.parametrize("tree", [None, Tree.full(2, 3)], ids=["chain", "tree"])
 def test_greedy_with_heads_equals_plain_greedy(target, heads, tree):
+    if tree is not None and not heads.supports_trees:
+        with pytest.raises(ValueError, match="cannot expand a token tree"):
+            specjax.speculative_generate(target, heads, RAGGED_PROMPTS, tree=tree)
+        return
     plain = specjax.generate(target, RAGGED_PROMPTS, max_new_tokens=24)
     out = specjax.speculative_generate(
         target, heads, RAGGED_PROMPTS, num_speculative_tokens=3, max_new_tokens=24, tree=tree
     )
     assert out.tokens == plain.tokens
-    assert out.stats.accepted_tokens > 0 and out.stats.drafter["kind"] == "medusa"
+    assert out.stats.accepted_tokens > 0 and out.stats.drafter["kind"] == heads.name
 
 
 VOCAB8 = TARGET_CONFIG.replace(vocab_size=8)
@@ -77,10 +99,14 @@ def _exact_joint(model, sampling) -> np.ndarray:
 
 
 @pytest.mark.parametrize("rule_name", ["exact", "wrong"])
-@pytest.mark.parametrize("tree", [None, Tree.from_paths([(0,), (1,), (2,), (0, 0), (1, 0)])], ids=["chain", "tree"])
-def test_sampling_with_heads_follows_the_target(rule_name, tree):
+@pytest.mark.parametrize(
+    "kind, tree",
+    [("medusa", None), ("medusa", Tree.from_paths([(0,), (1,), (2,), (0, 0), (1, 0)])), ("eagle", None)],
+    ids=["medusa-chain", "medusa-tree", "eagle-chain"],
+)
+def test_sampling_with_heads_follows_the_target(rule_name, kind, tree):
     target = scaled_model(VOCAB8, seed=0, scale=6.0)
-    heads = random_heads(VOCAB8, num_heads=2, seed=3, scale=4.0)
+    heads = random_heads(VOCAB8, num_heads=2, seed=3, scale=4.0) if kind == "medusa" else random_eagle(target, 3, 8.0)
     expected = _exact_joint(target, specjax.SamplingConfig(temperature=1.0))
     wrong = always_accept_rule if tree is None else tree_no_residual_rule
     out = specjax.speculative_generate(
@@ -106,6 +132,7 @@ def test_sampling_with_heads_follows_the_target(rule_name, tree):
 def test_save_load_round_trip_and_wrong_target(target, heads, tmp_path):
     specjax.save_drafter(heads, tmp_path / "head", target_name="tiny-target", target=target.config)
     loaded = specjax.load_drafter(tmp_path / "head", target)
+    assert loaded.without_weights() == heads.without_weights()
     for a, b in zip(jax.tree.leaves(heads.params), jax.tree.leaves(loaded.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     a = specjax.speculative_generate(target, heads, RAGGED_PROMPTS, num_speculative_tokens=3, max_new_tokens=12)
@@ -114,10 +141,11 @@ def test_save_load_round_trip_and_wrong_target(target, heads, tmp_path):
     other = scaled_model(TARGET_CONFIG.replace(hidden_size=64, intermediate_size=64), seed=0)
     with pytest.raises(ValueError, match=r"trained for tiny-target.*hidden size 32"):
         specjax.load_drafter(tmp_path / "head", other)
-    with pytest.raises(ValueError, match="vocabulary of 48"):
+    with pytest.raises(ValueError, match="vocabulary"):
         specjax.load_drafter(tmp_path / "head", TARGET_CONFIG.replace(vocab_size=64))
-    with pytest.raises(ValueError, match="at most 4 tokens"):
-        specjax.speculative_generate(target, loaded, [[1, 2]], num_speculative_tokens=5)
+    if heads.name == "medusa":
+        with pytest.raises(ValueError, match="at most 4 tokens"):
+            specjax.speculative_generate(target, loaded, [[1, 2]], num_speculative_tokens=5)
     with pytest.raises(ValueError, match="not a specjax head directory"):
         specjax.load_drafter(tmp_path)
 
@@ -172,6 +200,18 @@ def test_training_lowers_the_loss_of_every_head(target_dir, tmp_path):
     _, before = medusa_loss(target.config, target.params, initial, tokens)
     _, after = medusa_loss(target.config, target.params, head.params, tokens)
     assert np.all(np.asarray(after) < 0.9 * np.asarray(before)), (before, after)
+
+
+def test_eagle_training_lowers_its_losses(target_dir, tmp_path):
+    config = _config(target_dir, "kind=eagle", "eagle.intermediate_size=32", "steps=30", "eval.every=30")
+    results = train_head(config, tmp_path / "run", progress=False)
+    target = specjax.load_model(target_dir)
+    head = specjax.load_drafter(results["head"], target)
+    tokens = jnp.asarray(training_batch(config.data, config.seed, 0))
+    initial = init_eagle_params(head.config, target.params, config.seed)
+    _, before = eagle_loss(head.config, target.config, target.params, initial, tokens, (1.0, 0.1))
+    _, after = eagle_loss(head.config, target.config, target.params, head.params, tokens, (1.0, 0.1))
+    assert np.all(np.asarray(after) < 0.9 * np.asarray(before)), (before, after)  # feature loss and token KL
 
 
 def test_kill_9_during_head_training_then_resume(target_dir, tmp_path):

@@ -5,6 +5,7 @@
     prompt_lookup.py  n-gram matching in the row's own prompt + output
     fallback.py       one drafter where it found something, another elsewhere
     medusa.py         Medusa heads on the target's own hidden states
+    eagle.py          an EAGLE-style head: one layer extrapolating the target's features
     heads.py          saving and loading trained heads
 
 `make_drafter` builds one from a name or a mapping, as the CLI and bench configs give it.
@@ -17,6 +18,7 @@ from typing import Any
 
 from specjax.drafters.base import DraftContext, Drafter, Proposal, TreeProposal
 from specjax.drafters.draft_model import DraftModel
+from specjax.drafters.eagle import Eagle
 from specjax.drafters.fallback import Fallback
 from specjax.drafters.heads import is_head_directory, load_drafter, save_drafter
 from specjax.drafters.layer_skip import LayerSkip
@@ -97,6 +99,7 @@ __all__ = [
     "DraftContext",
     "DraftModel",
     "Drafter",
+    "Eagle",
     "Fallback",
     "LayerSkip",
     "Medusa",

@@ -1,4 +1,4 @@
-"""Saving and loading trained draft heads (Medusa; EAGLE-style heads share the format).
+"""Saving and loading trained draft heads (Medusa and EAGLE-style heads).
 
 A head directory holds `drafter.json` (its kind, shape, and the target it was trained
 for) and `model.safetensors` (the head's own weights only: the target's embedding and LM
@@ -15,6 +15,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from specjax.drafters.base import Drafter
+from specjax.drafters.eagle import Eagle, head_config
 from specjax.drafters.medusa import Medusa
 from specjax.models import ModelConfig
 
@@ -50,16 +51,25 @@ def _unflatten(flat: dict[str, np.ndarray]) -> dict:
 
 def save_drafter(drafter: Drafter, path, target_name: str | None = None, target: ModelConfig | None = None) -> Path:
     """Write a trained head to `path` (a directory), naming the target it was trained for."""
-    if not isinstance(drafter, Medusa) or drafter.params is None:
-        raise ValueError(f"save_drafter saves trained heads (Medusa with weights), got {drafter!r}")
+    if not isinstance(drafter, Medusa | Eagle) or drafter.params is None:
+        raise ValueError(f"save_drafter saves trained heads (Medusa or Eagle with weights), got {drafter!r}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    if isinstance(drafter, Medusa):
+        shape = {"num_heads": drafter.num_heads, "hidden_size": drafter.hidden_size, "vocab_size": drafter.vocab_size}
+    else:
+        c = drafter.config
+        shape = {
+            "hidden_size": c.hidden_size,
+            "vocab_size": c.vocab_size,
+            "num_attention_heads": c.num_attention_heads,
+            "num_key_value_heads": c.num_key_value_heads,
+            "intermediate_size": c.intermediate_size,
+        }
     config = {
         "format": FORMAT,
         "kind": drafter.name,
-        "num_heads": drafter.num_heads,
-        "hidden_size": drafter.hidden_size,
-        "vocab_size": drafter.vocab_size,
+        **shape,
         "target": {
             "name": target_name,
             **({} if target is None else {"hidden_size": target.hidden_size, "vocab_size": target.vocab_size}),
@@ -81,15 +91,29 @@ def load_drafter(path, target=None) -> Drafter:
     config = json.loads((path / _CONFIG).read_text())
     if config.get("format") != FORMAT:
         raise ValueError(f"{path / _CONFIG} has format {config.get('format')!r}, expected {FORMAT!r}")
-    if config["kind"] != "medusa":
+    params = jax.tree.map(jax.numpy.asarray, _unflatten(load_file(str(path / "model.safetensors"))))
+    target_config = None if target is None else getattr(target, "config", target)
+    trained_for = config["target"].get("name") or "another target"
+    if config["kind"] == "medusa":
+        drafter = Medusa(params=params, vocab_size=int(config["vocab_size"]))
+    elif config["kind"] == "eagle":
+        if target_config is None:
+            raise ValueError(f"an EAGLE head ({path}) is built around its target: pass the target to load_drafter")
+        if (target_config.hidden_size, target_config.vocab_size) != (config["hidden_size"], config["vocab_size"]):
+            raise ValueError(
+                f"head {path} was trained for {trained_for}: it reads hidden size {config['hidden_size']} and "
+                f"vocabulary {config['vocab_size']}, the target has {target_config.hidden_size} and "
+                f"{target_config.vocab_size}"
+            )
+        layer = head_config(
+            target_config, config["num_attention_heads"], config["num_key_value_heads"], config["intermediate_size"]
+        )
+        drafter = Eagle(params=params, config=layer)
+    else:
         raise ValueError(f"unknown head kind {config['kind']!r} in {path}")
-    params = _unflatten(load_file(str(path / "model.safetensors")))
-    drafter = Medusa(params=jax.tree.map(jax.numpy.asarray, params), vocab_size=int(config["vocab_size"]))
-    if target is not None:
-        target_config = getattr(target, "config", target)
+    if target_config is not None:
         try:
             drafter.check(target_config, 1)
         except ValueError as e:
-            trained_for = config["target"].get("name") or "another target"
             raise ValueError(f"head {path} was trained for {trained_for}: {e}") from e
     return drafter

@@ -1,5 +1,10 @@
 """Training draft heads on a frozen target's hidden states (`specjax train-head`).
 
+EAGLE (Li et al. 2024): the head at position p reads (token p, the target's feature at
+p - 1) and is trained to regress the target's feature at p (smooth L1) plus a
+distillation term, KL(p_target || q_head) for the token at p + 1, weighted as in the paper
+(features 1.0, tokens 0.1 by default).
+
 Medusa (Cai et al. 2024): head k at position t is trained toward the target's own
 distribution for the token at t + 1 + k, i.e. the target's prediction at position t + k
 given the true prefix (self-distillation: KL(p_target || q_head)),
@@ -14,15 +19,18 @@ orbax checkpoints (exact resume after a kill), metrics.jsonl with held-out accep
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 from tqdm.auto import tqdm
 
+from specjax.drafters.eagle import Eagle, eagle_forward, head_config, init_eagle_params
 from specjax.drafters.heads import save_drafter
 from specjax.drafters.medusa import Medusa, init_medusa_params, medusa_hidden, target_logits
 from specjax.engine.speculative import speculative_generate
@@ -32,7 +40,18 @@ from specjax.training.data import DataConfig, held_out_prompts, training_batch
 from specjax.training.runs import open_run, resume_or_start
 from specjax.training.train import OptimConfig, make_optimizer
 
-KINDS = ("medusa",)
+KINDS = ("medusa", "eagle")
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleHeadConfig:
+    """The EAGLE head's one decoder layer (its width is the target's) and its loss weights."""
+
+    num_attention_heads: int = 2
+    num_key_value_heads: int = 1
+    intermediate_size: int = 256
+    feature_weight: float = 1.0
+    token_weight: float = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +67,8 @@ class HeadEvalConfig:
 class HeadTrainConfig:
     target: str = "stdlib-target"  # embedded name or HF directory; frozen
     kind: str = "medusa"
-    num_heads: int = 4
+    num_heads: int = 4  # Medusa only
+    eagle: EagleHeadConfig = dataclasses.field(default_factory=EagleHeadConfig)
     data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(seq_len=128, batch_size=16))
     optim: OptimConfig = dataclasses.field(
         default_factory=lambda: OptimConfig(learning_rate=1e-3, warmup_steps=20, weight_decay=0.0)
@@ -95,21 +115,69 @@ def medusa_loss(target_config: ModelConfig, target_params, head_params, tokens):
     return jnp.mean(jnp.stack(losses)), jnp.stack(losses)
 
 
-def _step(target_config, optimizer, target_params, params, opt_state, tokens):
-    (loss, per_head), grads = jax.value_and_grad(
-        lambda p: medusa_loss(target_config, target_params, p, tokens), has_aux=True
-    )(params)
+def eagle_loss(config: ModelConfig, target_config: ModelConfig, target_params, head_params, tokens, weights):
+    """EAGLE's loss on tokens [B, T]: (total, [feature smooth-L1, token KL])."""
+    logits, features = jax.lax.stop_gradient(target_features(target_config, target_params, tokens))
+    b, t, d = features.shape
+    previous = jnp.concatenate([jnp.zeros((b, 1, d), features.dtype), features[:, :-1]], axis=1)  # f_{p-1}
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    head_logits, _, predicted = eagle_forward(
+        config, head_params, target_params, tokens, previous, positions, init_cache(config, b, t)
+    )
+    feature_loss = jnp.mean(optax.huber_loss(predicted, features, delta=1.0))
+    teacher = jax.nn.log_softmax(logits, axis=-1)
+    token_kl = jnp.mean(jnp.sum(jnp.exp(teacher) * (teacher - jax.nn.log_softmax(head_logits, axis=-1)), axis=-1))
+    feature_weight, token_weight = weights
+    return feature_weight * feature_loss + token_weight * token_kl, jnp.stack([feature_loss, token_kl])
+
+
+def _step(loss_fn, optimizer, target_params, params, opt_state, tokens):
+    (loss, parts), grads = jax.value_and_grad(lambda p: loss_fn(target_params, p, tokens), has_aux=True)(params)
     updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss, per_head
+    return optax.apply_updates(params, updates), opt_state, loss, parts
 
 
-def head_acceptance(config: HeadTrainConfig, target: Model, head: Medusa, prompts: list[str]) -> dict:
+@dataclasses.dataclass(frozen=True)
+class _Kind:
+    """What differs between head kinds: initial params, the drafter, the loss and its parts."""
+
+    initial: dict
+    as_head: Any  # params -> Drafter
+    loss: Any  # (target_params, head_params, tokens) -> (loss, parts); hashable (a jit static)
+    part_names: tuple[str, ...]
+
+
+def _kind(config: HeadTrainConfig, target: Model) -> _Kind:
+    if config.kind == "medusa":
+        dtype = jnp.dtype(target.config.dtype)
+        return _Kind(
+            initial=init_medusa_params(target.config.hidden_size, config.num_heads, config.seed, dtype),
+            as_head=lambda params: Medusa(params=params, vocab_size=target.config.vocab_size),
+            loss=functools.partial(medusa_loss, target.config),
+            part_names=("loss_per_head",),
+        )
+    e = config.eagle
+    layer = head_config(target.config, e.num_attention_heads, e.num_key_value_heads, e.intermediate_size)
+    return _Kind(
+        initial=init_eagle_params(layer, target.params, config.seed),
+        as_head=lambda params: Eagle(params=params, config=layer),
+        loss=functools.partial(eagle_loss, layer, target.config, weights=(e.feature_weight, e.token_weight)),
+        part_names=("feature_loss", "token_kl"),
+    )
+
+
+def _parts(names: tuple[str, ...], parts) -> dict:
+    values = [float(x) for x in parts]
+    return {names[0]: values} if len(names) == 1 else dict(zip(names, values, strict=True))
+
+
+def head_acceptance(config: HeadTrainConfig, target: Model, head, prompts: list[str]) -> dict:
     """Held-out greedy mean acceptance length and rate of `head` at eval K."""
     stats = speculative_generate(
         target,
         head,
         prompts,
-        num_speculative_tokens=min(config.eval.num_speculative_tokens, head.num_heads),
+        num_speculative_tokens=min(config.eval.num_speculative_tokens, getattr(head, "num_heads", 10**6)),
         max_new_tokens=config.eval.max_new_tokens,
         seed=config.seed,
     ).stats
@@ -125,9 +193,8 @@ def train_head(config: HeadTrainConfig, out_dir: str | Path, progress: bool = Tr
 
     out_dir = open_run(out_dir, config, "head_config.yaml")
     target = resolve_model(config.target)
-    as_head = lambda params: Medusa(params=params, vocab_size=target.config.vocab_size)  # noqa: E731
-    dtype = jnp.dtype(target.config.dtype)
-    initial = init_medusa_params(target.config.hidden_size, config.num_heads, config.seed, dtype)
+    kind = _kind(config, target)
+    as_head, initial = kind.as_head, kind.initial
     optimizer = make_optimizer(config.optim, config.steps)
     params, opt_state, start, checkpoints, metrics = resume_or_start(
         out_dir, initial, optimizer, config.checkpoint_every
@@ -142,13 +209,13 @@ def train_head(config: HeadTrainConfig, out_dir: str | Path, progress: bool = Tr
     bar = tqdm(range(start, end), initial=start, total=config.steps, disable=not progress, desc="train-head")
     for step in bar:
         tokens = jnp.asarray(training_batch(config.data, config.seed, step))
-        params, opt_state, loss, per_head = step_fn(target.config, optimizer, target.params, params, opt_state, tokens)
+        params, opt_state, loss, parts = step_fn(kind.loss, optimizer, target.params, params, opt_state, tokens)
         done = step + 1
         if done % config.log_every == 0 or done % config.eval.every == 0 or done == config.steps:
             row = {
                 "step": done,
                 "loss": float(loss),
-                "loss_per_head": [float(x) for x in per_head],
+                **_parts(kind.part_names, parts),
                 "seconds": time.perf_counter() - clock,
             }
             if done % config.eval.every == 0 or done == config.steps:
@@ -165,7 +232,7 @@ def train_head(config: HeadTrainConfig, out_dir: str | Path, progress: bool = Tr
     results = {
         "kind": config.kind,
         "steps": config.steps,
-        "num_heads": config.num_heads,
+        **({"num_heads": config.num_heads} if config.kind == "medusa" else {"eagle": dataclasses.asdict(config.eagle)}),
         "head_parameters": int(sum(x.size for x in jax.tree.leaves(params))),
         "mean_acceptance_length_before": rows[0]["mean_acceptance_length_greedy"],
         "mean_acceptance_length_after": final["mean_acceptance_length_greedy"],
