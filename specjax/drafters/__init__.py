@@ -24,6 +24,7 @@ from specjax.drafters.heads import is_head_directory, load_drafter, save_drafter
 from specjax.drafters.layer_skip import LayerSkip
 from specjax.drafters.medusa import Medusa
 from specjax.drafters.prompt_lookup import PromptLookup
+from specjax.io.embedded import embedded_path
 from specjax.io.model import Model
 from specjax.models import ModelConfig
 
@@ -49,7 +50,8 @@ def make_drafter(
     """A drafter from a CLI/config spec; `load(name)` resolves model names.
 
     spec: "prompt-lookup" / "prompt_lookup", "layer-skip" (half of `target`'s layers),
-    "layer-skip:N", a trained head's directory (`save_drafter`), a model name (embedded,
+    "layer-skip:N", a trained head (an embedded name such as stdlib-medusa, or a directory
+    written by `save_drafter`), a model name (embedded,
     random preset or HF directory), or a mapping
     {kind: ..., **arguments}:
         {kind: prompt_lookup, max_ngram: 3, min_ngram: 1, prefer: latest}
@@ -70,8 +72,9 @@ def make_drafter(
             if not count.isdigit():
                 raise ValueError(f"layer-skip:N needs an integer N, got {spec!r}")
             return LayerSkip(layers=int(count))
-        if is_head_directory(spec):
-            return load_drafter(spec, target)
+        head = embedded_path(spec) or spec  # an embedded head's name, or a directory
+        if is_head_directory(head):
+            return load_drafter(head, target)
         return DraftModel(load(spec))
     if not isinstance(spec, Mapping) or "kind" not in spec:
         raise ValueError(f"a drafter spec is a name or a mapping with a 'kind' key, got {spec!r}")

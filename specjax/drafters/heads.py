@@ -17,6 +17,7 @@ from safetensors.numpy import load_file, save_file
 from specjax.drafters.base import Drafter
 from specjax.drafters.eagle import Eagle, head_config
 from specjax.drafters.medusa import Medusa
+from specjax.io.embedded import embedded_path
 from specjax.models import ModelConfig
 
 FORMAT = "specjax-drafter-1"
@@ -81,11 +82,12 @@ def save_drafter(drafter: Drafter, path, target_name: str | None = None, target:
 
 
 def load_drafter(path, target=None) -> Drafter:
-    """A head saved by `save_drafter`, checked against `target` (a Model or ModelConfig) if given.
+    """A head saved by `save_drafter` (a directory, or the name of an embedded head such as
+    stdlib-medusa), checked against `target` (a Model or ModelConfig) if given.
 
     A head trained for another target (another hidden size or vocabulary) is a clear error.
     """
-    path = Path(path)
+    path = (embedded_path(path) if isinstance(path, str) else None) or Path(path)
     if not is_head_directory(path):
         raise ValueError(f"{path} is not a specjax head directory (no {_CONFIG})")
     config = json.loads((path / _CONFIG).read_text())

@@ -17,9 +17,16 @@ def embedded_names() -> list[str]:
     return sorted(p.name for p in EMBEDDED_DIR.iterdir() if (p / "config.json").is_file())
 
 
+def embedded_heads() -> list[str]:
+    """Names of the trained draft heads shipped under specjax/models/pretrained/ (drafter.json)."""
+    if not EMBEDDED_DIR.is_dir():
+        return []
+    return sorted(p.name for p in EMBEDDED_DIR.iterdir() if (p / "drafter.json").is_file())
+
+
 def embedded_path(name: str) -> Path | None:
-    """Directory of the embedded model `name`, or None if there is no such model."""
-    return EMBEDDED_DIR / name if name in embedded_names() else None
+    """Directory of the embedded model or head `name`, or None if there is no such thing."""
+    return EMBEDDED_DIR / name if name in embedded_names() + embedded_heads() else None
 
 
 DEFAULT_TARGET = "stdlib-target"
