@@ -22,10 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from specjax.drafters.base import DraftContext, Drafter, Proposal
+from specjax.drafters.base import DraftContext, Drafter, Proposal, TreeProposal
 from specjax.drafters.draft_model import _draw
 from specjax.engine.loop import gather_tokens
-from specjax.models import KVCache, ModelConfig, graphdef, init_cache, init_params
+from specjax.engine.sampling import probabilities
+from specjax.models import KVCache, ModelConfig, TreeMask, graphdef, init_cache, init_params
 from specjax.models.llama import decode
 
 
@@ -60,9 +61,11 @@ def init_eagle_params(config: ModelConfig, target_params: dict | None = None, se
     return {"fc": fc, "layers": full["layers"], "final_norm": norm}
 
 
-def eagle_forward(config: ModelConfig, params: dict, target_params: dict, tokens, prev_features, positions, cache):
+def eagle_forward(
+    config: ModelConfig, params: dict, target_params: dict, tokens, prev_features, positions, cache, tree=None
+):
     """tokens [B, T], prev_features [B, T, D] (f at p - 1), positions [B, T]
-    -> (logits [B, T, V], cache, predicted features [B, T, D])."""
+    -> (logits [B, T, V], cache, predicted features [B, T, D]). `tree`: a TreeMask."""
     embed = target_params["embed"]
     x = jnp.concatenate([embed[tokens].astype(prev_features.dtype), prev_features], axis=-1)  # [B, T, 2D]
     x = jnp.einsum("bte,ed->btd", x, params["fc"].astype(x.dtype))
@@ -70,7 +73,7 @@ def eagle_forward(config: ModelConfig, params: dict, target_params: dict, tokens
     if not config.tie_word_embeddings:
         merged["lm_head"] = target_params["lm_head"]
     module = nnx.merge(graphdef(config), merged)
-    return decode(module, x, positions, cache, features=True)
+    return decode(module, x, positions, cache, tree, features=True)
 
 
 @struct.dataclass
@@ -85,8 +88,10 @@ class Eagle(Drafter):
 
     params: dict | None = dataclasses.field(default=None, compare=False, hash=False, repr=False)
     config: ModelConfig | None = None
+    tree_candidates: str = "sample"  # as DraftModel.tree_candidates
     name = "eagle"
     needs_features = True
+    supports_trees = True
 
     def __post_init__(self):
         if self.config is None:
@@ -120,20 +125,20 @@ class Eagle(Drafter):
         )
         return EagleState(cache=cache.replace(lengths=ctx.lengths), features=features)
 
+    def _catch_up(self, weights, state: EagleState, ctx: DraftContext, accepted_max: int):
+        """Re-feed positions L-A-1..L-1 with true features (A = the most a round can accept);
+        the last one predicts the token at L. -> (logits [B, V], feature [B, D], cache)."""
+        feed = jnp.maximum(ctx.lengths[:, None] + jnp.arange(-accepted_max - 1, 0), 0)  # [B, A+1]
+        tokens, previous = gather_tokens(ctx.tokens, feed), _previous(state.features, feed)
+        logits, cache, predicted = eagle_forward(
+            self.config, weights, ctx.target_params, tokens, previous, feed, state.cache
+        )
+        return logits[:, -1], predicted[:, -1], cache
+
     def propose(self, weights, state: EagleState, ctx: DraftContext, key):
         k = ctx.num_speculative_tokens
         lengths = ctx.lengths
-        # Catch-up: positions L-K-1..L-1 with true features; the last predicts the token at L.
-        feed = jnp.maximum(lengths[:, None] + jnp.arange(-k - 1, 0), 0)  # [B, K+1]
-        logits, cache, predicted = eagle_forward(
-            self.config,
-            weights,
-            ctx.target_params,
-            gather_tokens(ctx.tokens, feed),
-            _previous(state.features, feed),
-            feed,
-            state.cache,
-        )
+        logits, feature, cache = self._catch_up(weights, state, ctx, k)
 
         def draft_step(carry, step_key):
             cache, logits, feature, position = carry  # logits [B, V] predict the token at `position`
@@ -144,12 +149,58 @@ class Eagle(Drafter):
             return (cache, logits[:, 0], feature[:, 0], position + 1), (token, q)
 
         keys = jax.random.split(key, k)
-        carry = (cache, logits[:, -1], predicted[:, -1], lengths)
+        carry = (cache, logits, feature, lengths)
         (cache, logits, _, _), (tokens, qs) = jax.lax.scan(draft_step, carry, keys[:-1])
         last_token, last_q = _draw(keys[-1], logits, ctx.sampling)
         drafts = jnp.concatenate([tokens.T, last_token[:, None]], axis=1)  # [B, K]
         q = None if last_q is None else jnp.concatenate([qs.transpose(1, 0, 2), last_q[:, None]], axis=1)
         return Proposal(tokens=drafts, q=q), state.replace(cache=cache)
+
+    def propose_tree(self, weights, state: EagleState, ctx: DraftContext, key):
+        """Expand `ctx.tree` by depth (EAGLE-2's tree drafting, on a static tree): a node at
+        depth d is fed (its token, its parent's predicted feature) at position L - 1 + d and
+        tree slot L - 1 + i, seeing the prefix and its ancestors."""
+        tree = ctx.tree
+        b = ctx.lengths.shape[0]
+        start = ctx.lengths - 1
+        root_logits, root_feature, cache = self._catch_up(weights, state, ctx, tree.depth)
+        sampled = not ctx.sampling.greedy and self.tree_candidates == "sample"
+        visible = jnp.asarray(tree.ancestors)
+        tokens = jnp.zeros((b, tree.num_nodes + 1), jnp.int32)
+        predicted = jnp.zeros((b, tree.num_nodes + 1, self.config.hidden_size), root_feature.dtype)
+        predicted = predicted.at[:, 0].set(root_feature)  # [B, N+1, D]: f̂ at each fed node
+        q_all = jnp.zeros((b, tree.num_nodes + 1, self.config.vocab_size), jnp.float32) if sampled else None
+        parents, parent_logits = np.array([0]), root_logits[:, None]  # [P], [B, P, V]
+        keys = jax.random.split(key, tree.depth)
+        for depth in range(1, tree.depth + 1):
+            nodes = tree.level(depth)
+            local = np.searchsorted(parents, tree.parents[nodes])
+            ranks = tree.ranks[nodes]
+            scores = parent_logits if ctx.sampling.greedy else probabilities(parent_logits, ctx.sampling)
+            if sampled:
+                q_all = q_all.at[:, parents].set(scores)
+                shape = (int(ranks.max()) + 1, *scores.shape[:-1])
+                draws = jax.random.categorical(keys[depth - 1], jnp.log(scores), axis=-1, shape=shape)
+                chosen = draws[ranks, :, local].T  # [B, M]
+            else:
+                chosen = jax.lax.top_k(scores, int(ranks.max()) + 1)[1][:, local, ranks]  # [B, M]
+            tokens = tokens.at[:, nodes].set(chosen.astype(jnp.int32))
+            parents = tree.internal(depth)
+            if depth == tree.depth or parents.size == 0:
+                break
+            slots = start[:, None] + parents  # [B, F]
+            positions = jnp.broadcast_to(start[:, None] + depth, slots.shape)
+            mask = TreeMask(start=start, slots=slots, visible=visible[parents])
+            previous = predicted[:, tree.parents[parents]]  # [B, F, D]: each node's parent's f̂
+            parent_logits, cache, features = eagle_forward(
+                self.config, weights, ctx.target_params, tokens[:, parents], previous, positions, cache, mask
+            )
+            predicted = predicted.at[:, parents].set(features)
+        return TreeProposal(tokens=tokens[:, 1:], q=q_all), state.replace(cache=cache)
+
+    def update_tree(self, weights, state: EagleState, ctx: DraftContext, src, dst, num_accepted):
+        state = state.replace(cache=state.cache.move(src, dst))
+        return self.update(weights, state, ctx, num_accepted)
 
     def update(self, weights, state: EagleState, ctx: DraftContext, num_accepted):
         # Verified features: positions L_prev - 1 + j for j <= num_accepted (L_prev = new length
