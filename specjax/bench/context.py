@@ -85,7 +85,7 @@ class BenchContext:
         return self._models[spec]
 
     def build_drafter(self, spec: DraftSpec) -> Drafter:
-        return build_drafter(spec, self.load)
+        return build_drafter(spec, self.load, self.target.config)
 
     def _methods(self) -> dict[str, Drafter]:
         """E8's drafters by label (a method without a spec uses the bench's `draft`)."""

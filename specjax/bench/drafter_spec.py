@@ -1,6 +1,7 @@
 """A bench config's `draft:`: a model name, a ModelConfig mapping, or a typed drafter mapping.
 
     draft: stdlib-draft                                   a model (embedded, preset, HF directory)
+    draft: stdlib-eagle                                   a trained head (embedded name or directory)
     draft: {kind: prompt_lookup, max_ngram: 3}            any drafter of specjax.drafters.make_drafter
     draft: {kind: layer_skip, layers: 2}
     draft: {kind: draft_model, model: stdlib-draft-pretrained}
@@ -116,8 +117,13 @@ def describe_spec(spec: DraftSpec | None) -> str:
     return "{" + ", ".join(parts) + "}"
 
 
-def build_drafter(spec: DraftSpec, load: Callable[[str | ModelConfig], Model]) -> Drafter:
-    """The drafter a spec names; `load` resolves model names and ModelConfig shapes."""
+def build_drafter(
+    spec: DraftSpec, load: Callable[[str | ModelConfig], Model], target: ModelConfig | None = None
+) -> Drafter:
+    """The drafter a spec names; `load` resolves model names and ModelConfig shapes. A name
+    may also be a trained head (stdlib-medusa, stdlib-eagle, or a head directory)."""
     if isinstance(spec, DrafterSpec):
-        return make_drafter(spec.mapping(), load)
+        return make_drafter(spec.mapping(), load, target)
+    if isinstance(spec, str):
+        return make_drafter(spec, load, target)
     return DraftModel(load(spec))
