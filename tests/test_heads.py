@@ -227,3 +227,17 @@ def test_kill_9_during_head_training_then_resume(target_dir, tmp_path):
     b = specjax.load_drafter(run_dir / "head").params
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["stdlib-medusa", "stdlib-eagle"])
+def test_embedded_heads_decode_exactly_and_are_accepted(name):
+    """The shipped heads, on the target they were trained for: greedy output equals plain
+    greedy with a chain and with a tree, and they are accepted well beyond chance."""
+    target = specjax.load_model("stdlib-target")
+    head = specjax.load_drafter(name, target)
+    prompts = ["def parse_args(self):\n", "import os\n"]
+    plain = specjax.generate(target, prompts, max_new_tokens=32)
+    for kwargs in (dict(num_speculative_tokens=4), dict(tree=Tree.full(2, 3))):
+        out = specjax.speculative_generate(target, head, prompts, max_new_tokens=32, **kwargs)
+        assert out.tokens == plain.tokens
+        assert out.stats.mean_acceptance_length > 1.8
