@@ -269,11 +269,11 @@ def _train_head(args) -> int:
 def _add_bench(subparsers) -> None:
     p = subparsers.add_parser(
         "bench",
-        help="run experiments E1-E8 (timing, acceptance, cost model, drafting methods) and write results with plots",
+        help="run experiments E1-E9 (timing, acceptance, cost model, drafting methods, trees) with results and plots",
         description="Run the experiments a BenchConfig lists (E1 tokens per round, E2 verify cost, E3 K sweep, "
-        "E4 batch sweep, E5 context sweep, E6 waste, E7 sampling, E8 drafting methods) and write OUT/results.json, "
-        "OUT/results.csv, one CSV and one PNG per experiment, and OUT/summary.md. Timings exclude "
-        "compilation, are repeated, interleaved and reported as medians. See README 'Bench'.",
+        "E4 batch sweep, E5 context sweep, E6 waste, E7 sampling, E8 drafting methods, E9 token trees) and "
+        "write OUT/results.json, OUT/results.csv, one CSV and one PNG per experiment, and OUT/summary.md. "
+        "Timings exclude compilation, are repeated, interleaved and reported as medians. See README 'Bench'.",
         formatter_class=_HelpFormatter,
     )
     p.add_argument("--config", required=True, help="YAML of a BenchConfig (see configs/quick.yaml, configs/e*.yaml)")

@@ -30,8 +30,9 @@ from specjax.io.tokenizer import ByteTokenizer
 BYTE_CONFIG = TARGET_CONFIG.replace(vocab_size=259)
 K_MAX = 3
 
-# E8 (methods) runs in test_bench_prompts.py, with file prompts and several drafters.
-TINY_EXPERIMENTS = [name for name in EXPERIMENTS if name != "methods"]
+# E8 (methods) runs in test_bench_prompts.py, with file prompts and several drafters; E9
+# (trees) in test_bench_trees.py.
+TINY_EXPERIMENTS = [name for name in EXPERIMENTS if name not in ("methods", "trees")]
 TINY_BENCH = {
     "experiments": TINY_EXPERIMENTS,
     "prompts": {"count": 2, "prompt_bytes": 12},

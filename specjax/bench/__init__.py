@@ -1,4 +1,4 @@
-"""`specjax bench`: config-driven experiments E1-E8 with timing, a cost model and plots."""
+"""`specjax bench`: config-driven experiments E1-E9 with timing, a cost model and plots."""
 
 from specjax.bench.config import EXPERIMENTS, BenchConfig
 from specjax.bench.runner import run_bench

@@ -1,4 +1,4 @@
-"""What `specjax bench` runs: one typed config, one section per experiment (E1-E8).
+"""What `specjax bench` runs: one typed config, one section per experiment (E1-E9).
 
 A model is named (an embedded model, a random preset or a local HF directory) or given
 as a `ModelConfig` mapping, which builds a random-weight model of that shape: cost does
@@ -14,6 +14,7 @@ import dataclasses
 from specjax.bench.drafter_spec import DrafterSpec, Raw, parse_draft
 from specjax.configs import from_dict
 from specjax.models import ModelConfig
+from specjax.trees.tree import PRESETS
 
 ModelSpec = str | ModelConfig
 
@@ -26,6 +27,7 @@ EXPERIMENTS = {
     "waste": "E6",
     "sampling": "E7",
     "methods": "E8",
+    "trees": "E9",
 }
 
 
@@ -170,6 +172,44 @@ class Methods:
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class Trees:
+    """E9: chain vs preset and tuned token trees at equal verify width (N + 1 positions).
+
+    At each width w: the chain of K = w - 1 and the trees tuned to the pair with w - 1
+    nodes; each preset at its own width. The tuned trees come from one acceptance table
+    per temperature (specjax.trees.tune.measure_acceptance), measured on `tune_prompts`,
+    which should not overlap the measured prompts (default: the train split of the
+    bench's corpus domains, while the bench measures the test split).
+    """
+
+    widths: list[int] = dataclasses.field(default_factory=lambda: [8, 16, 32, 64])
+    presets: list[str] = dataclasses.field(default_factory=lambda: ["binary-3", "prior-16", "prior-32"])
+    # One tuned tree per width for each entry: null lets it be as deep as its node count (the
+    # best tree under the measured acceptance); d caps its depth at d, i.e. at d draft forwards
+    # per round (Sequoia caps depth for hardware cost the same way). []: no tuned trees.
+    tuned_depths: list[int | None] = dataclasses.field(default_factory=lambda: [None])
+    temperatures: list[float] = dataclasses.field(default_factory=lambda: [0.0, 1.0])
+    batch_size: int = 1
+    tune_prompts: Prompts | list[Prompts] | Raw | None = None  # None: the bench's corpus domains, train split
+    tune_max_new_tokens: int = 128  # target tokens generated per tuning prompt
+    tune_max_rank: int = 8
+
+    def __post_init__(self):
+        if self.tune_prompts is not None:
+            object.__setattr__(self, "tune_prompts", _parse_prompts(self.tune_prompts))
+        if not self.widths or any(w < 2 for w in self.widths) or len(set(self.widths)) != len(self.widths):
+            raise ValueError(f"trees.widths must be distinct verify widths >= 2 (N >= 1 nodes), got {self.widths}")
+        unknown = [p for p in self.presets if p not in PRESETS]
+        if unknown:
+            raise ValueError(f"unknown tree preset {unknown[0]!r} in trees.presets; choose from {', '.join(PRESETS)}")
+        if self.batch_size < 1 or self.tune_max_new_tokens < 2 or self.tune_max_rank < 1:
+            raise ValueError("trees.batch_size and tune_max_rank must be >= 1, tune_max_new_tokens >= 2")
+        depths = self.tuned_depths
+        if any(d is not None and d < 1 for d in depths) or len(set(depths)) != len(depths):
+            raise ValueError(f"trees.tuned_depths must be distinct depth caps >= 1 (or null: no cap), got {depths}")
+
+
 def _parse_prompts(value) -> Prompts | list[Prompts]:
     """A source or a list of sources; anything else fails with the error of the shape it resembles."""
     if isinstance(value, Prompts) or (isinstance(value, list) and value and all(isinstance(p, Prompts) for p in value)):
@@ -209,6 +249,7 @@ class BenchConfig:
     waste: Waste = Waste()
     sampling: SamplingCheck = SamplingCheck()
     methods: Methods = Methods()
+    trees: Trees = Trees()
 
     def __post_init__(self):
         object.__setattr__(self, "draft", parse_draft(self.draft, "draft"))

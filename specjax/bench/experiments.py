@@ -1,5 +1,5 @@
 """E1-E7: one function per claim of the seed article, each returning rows and a summary
-(E8, the drafting methods, is in methods.py).
+(E8, the drafting methods, is in methods.py; E9, token trees, in trees.py).
 
 Every experiment returns {"claim", "rows", "summary"}; rows become the experiment's CSV
 and plot. "measured" always means timed or counted in this run; "predicted" always means
@@ -26,6 +26,7 @@ from specjax.bench.fill import cache_dtype_rows, fill_capacity_rows, fill_summar
 from specjax.bench.loops import draft_model_of
 from specjax.bench.measure import POOLED, RunSpec, pooled
 from specjax.bench.methods import methods
+from specjax.bench.trees import trees
 
 
 def _pooled_alpha(stats: dict) -> float:
@@ -326,4 +327,5 @@ EXPERIMENT_FUNCTIONS = {
     "waste": waste,
     "sampling": sampling,
     "methods": methods,
+    "trees": trees,
 }

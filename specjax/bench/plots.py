@@ -266,6 +266,59 @@ def methods(result: dict, path: Path, title: str) -> Path:
     return _save(fig, path)
 
 
+def trees(result: dict, path: Path, title: str) -> Path:
+    """Tokens per round (top) and speedup vs plain (bottom) against verify width, one column per
+    temperature: the chain and each family of tuned trees as lines (dotted: the tuning table's
+    prediction), each preset as a point; a star marks the width with the best wall time (most
+    tokens/s), grey rings the best chain and the best tree."""
+    rows = [r for r in pooled(result["rows"]) if r["method"] == "speculative"]
+    temperatures = sorted({r["temperature"] for r in rows})
+    fig, axes = plt.subplots(2, len(temperatures), figsize=(6.5 * len(temperatures), 8), squeeze=False)
+    for column, t in enumerate(temperatures):
+        mine = [r for r in rows if r["temperature"] == t]
+        best = max(mine, key=lambda r: r["tokens_per_second"])
+        for line, (key, label) in enumerate(
+            (("mean_acceptance_length", "tokens per round"), ("speedup_vs_plain", "speedup vs plain (tokens/s)"))
+        ):
+            ax = axes[line, column]
+            families = ["chain", *dict.fromkeys(r["tree"] for r in mine if r["tree_kind"] == "tuned")]
+            for i, family in enumerate(families):
+                group = sorted((r for r in mine if r["tree"] == family), key=lambda r: r["verify_width"])
+                widths = [r["verify_width"] for r in group]
+                ax.plot(widths, [r[key] for r in group], "o-" if i == 0 else "s-", color=f"C{i}", label=family)
+                if line == 0 and "predicted_tokens_per_round" in group[0]:
+                    predicted = [r["predicted_tokens_per_round"] for r in group]
+                    ax.plot(widths, predicted, ":", color=f"C{i}", lw=0.9, label=f"{family}, predicted")
+            presets = [r for r in mine if r["tree_kind"] == "preset"]
+            for i, r in enumerate(presets):
+                name = f"preset {r['tree']} (width {r['verify_width']})"
+                ax.plot([r["verify_width"]], [r[key]], "D", color=f"C{i + len(families)}", label=name)
+            for kind in ("chain", "tree"):
+                group = [r for r in mine if (r["tree_kind"] == "chain") == (kind == "chain")]
+                if group:
+                    b = max(group, key=lambda r: r["tokens_per_second"])
+                    ax.plot([b["verify_width"]], [b[key]], "o", ms=14, mfc="none", mec="gray", zorder=3)
+            ax.plot(
+                [best["verify_width"]],
+                [best[key]],
+                "r*",
+                ms=16,
+                zorder=4,
+                label=f"best wall time: {best['tree']}, width {best['verify_width']}",
+            )
+            if line == 1:
+                ax.axhline(1.0, color="gray", lw=0.8)
+            ax.set_xscale("log", base=2)
+            widths = sorted({r["verify_width"] for r in mine if r["tree_kind"] != "preset"})  # presets: legend
+            ax.set_xticks(widths, [str(w) for w in widths], fontsize=8)
+            ax.minorticks_off()
+            ax.set(xlabel="verify width (positions per target forward = N + 1)", ylabel=label)
+            ax.set_title(f"{title}, T={t}" if line == 0 else f"{label}, T={t} (ring: best chain / best tree)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 PLOTS = {
     "tokens_per_round": tokens_per_round,
     "verify_cost": verify_cost,
@@ -275,4 +328,5 @@ PLOTS = {
     "waste": waste,
     "sampling": sampling,
     "methods": methods,
+    "trees": trees,
 }

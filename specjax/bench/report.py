@@ -44,6 +44,10 @@ DEFINITIONS = {
     "predicted_speedup": "cost model: expected tokens per round (from the per-position acceptance measured at the "
     "largest K) x plain step time / round time, both loop iterations timed in isolation in this run",
     "output_matches_plain": "greedy only: speculative tokens equal plain greedy tokens for every prompt",
+    "verify_width": "E9: positions per row in each target forward: K + 1 for a chain, N + 1 for a tree of N nodes",
+    "predicted_tokens_per_round": "E3: the cost model's tokens per round; E9: 1 + the tree's expected accepted "
+    "nodes under the acceptance table (by depth and rank) measured on the tuning prompts",
+    "acceptance_by_depth": "E9: accepted_per_position of the first 8 depths (a tree's depth i), 2 decimals",
 }
 
 # Columns that lead every measured row (the required fields of the schema).
@@ -119,6 +123,20 @@ SUMMARY_COLUMNS = {
         "acceptance_rate",
         "draft_time_share",
         "no_match_share",
+        "output_matches_plain",
+    ],
+    "trees": [
+        "temperature",
+        "tree",
+        "verify_width",
+        "tree_depth",
+        "mean_acceptance_length",
+        "predicted_tokens_per_round",
+        "target_forwards_per_token",
+        "tokens_per_second",
+        "speedup_vs_plain",
+        "speedup_vs_plain_paired",
+        "acceptance_by_depth",
         "output_matches_plain",
     ],
 }
