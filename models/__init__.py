@@ -14,10 +14,22 @@ from flax import nnx
 from .attention import TreeMask
 from .cache import KVCache, init_cache
 from .config import LLAMA_FAMILY, MODEL_TYPES, ModelConfig
+from .gemma import Gemma2, Gemma3
 from .gpt2 import GPT2
 from .llama import Llama
+from .moe import Mixtral
+from .qwen3 import Qwen3, Qwen3Moe
 
-_MODULES = {**dict.fromkeys(LLAMA_FAMILY, Llama), "gpt2": GPT2}
+# Llama, Qwen2, Mistral and Phi-3 run the Llama module itself (see config.LLAMA_FAMILY).
+_MODULES = {
+    **dict.fromkeys(LLAMA_FAMILY, Llama),
+    "qwen3": Qwen3,
+    "qwen3_moe": Qwen3Moe,
+    "gemma2": Gemma2,
+    "gemma3_text": Gemma3,
+    "mixtral": Mixtral,
+    "gpt2": GPT2,
+}
 
 
 def _build(config: ModelConfig, seed: int) -> nnx.Module:
@@ -31,7 +43,7 @@ def graphdef(config: ModelConfig) -> nnx.GraphDef:
 
 
 def init_params(config: ModelConfig, seed: int = 0) -> dict:
-    """Random parameters as a plain nested dict of arrays (std 0.02, norms at 1, biases at 0)."""
+    """Random parameters as a plain nested dict of arrays (std 0.02, norms at identity, biases at 0)."""
     return nnx.to_pure_dict(nnx.state(_build(config, seed), nnx.Param))
 
 

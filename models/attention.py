@@ -7,6 +7,11 @@ Two paths compute the same thing:
              of blocks below the highest query position of the call. Slots past that
              position are never read, so a forward costs what is filled, not what was
              preallocated, and the shapes stay static (one block is the unit of work).
+
+Per-layer options: a sliding `window` (a query at position p sees slots s with
+p - s < window, one more rule ANDed into the visibility; the blockwise loop also starts at
+the first block any query can still see), and `softcap` (Gemma 2: scores become
+softcap * tanh(scores / softcap) before the mask).
 """
 
 from __future__ import annotations
@@ -42,20 +47,50 @@ class TreeMask:
         return (rel < 0)[:, None, :] | (in_window[:, None, :] & jnp.transpose(seen, (1, 0, 2)))
 
 
-def _visibility(slots, positions, tree: TreeMask | None):
-    """slots [S'] -> [B, T, S']: slot s is visible iff s <= position, or by the tree's rule."""
-    if tree is None:
-        return slots[None, None, :] <= positions[:, :, None]
-    return tree.mask(slots)
+def _visibility(slots, positions, tree: TreeMask | None, window: int | None = None):
+    """slots [S'] -> [B, T, S']: slot s is visible iff s <= position, or by the tree's rule,
+    and, with a sliding window, only if position - s < window."""
+    visible = slots[None, None, :] <= positions[:, :, None] if tree is None else tree.mask(slots)
+    if window is None:
+        return visible
+    # The window is a rule on positions. Committed slots hold slot = position; a tree's
+    # window slots hold its nodes, whose slots are not their positions, but every node a
+    # query sees is an ancestor at most W - 1 positions above it, and attend checks W <= window.
+    near = positions[:, :, None] - slots[None, None, :] < window  # [B, T, S']
+    if tree is not None:
+        near = near | (slots[None, :] >= tree.start[:, None])[:, None, :]
+    return visible & near
 
 
-def attend(q, k, v, positions, cache: KVCache, layer: int, tree: TreeMask | None = None):
+def _softcap(scores, softcap: float | None):
+    return scores if softcap is None else softcap * jnp.tanh(scores / softcap)
+
+
+def attend(
+    q,
+    k,
+    v,
+    positions,
+    cache: KVCache,
+    layer: int,
+    tree: TreeMask | None = None,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
+):
     """Write k, v into `cache`, then attend causally by absolute position (or by `tree`).
 
     q: [B, T, H, d_head]; k, v: [B, T, n_kv, d_head]; positions: [B, T]. Without a tree the
-    tokens are written at slot = position; with one, at `tree.slots`.
+    tokens are written at slot = position; with one, at `tree.slots`. Scores are
+    q.k / sqrt(d_head); `window` (static) limits each query to the last `window` positions,
+    `softcap` (static) caps the scores.
     Returns (out [B, T, H, d_head] in q's dtype, cache with this layer written).
     """
+    if window is not None and tree is not None and tree.visible.shape[1] > window:
+        raise ValueError(
+            f"a token tree of {tree.visible.shape[1]} slots is wider than the sliding window ({window}): an "
+            "ancestor could lie outside the window; use a smaller tree"
+        )
     # One scatter per tensor; indices past the cache end are dropped, and callers
     # guarantee they never occur. The cache may hold a narrower dtype than the params.
     rows = jnp.arange(q.shape[0])[:, None]  # [B, 1]
@@ -69,24 +104,25 @@ def attend(q, k, v, positions, cache: KVCache, layer: int, tree: TreeMask | None
     n_kv = cache_k.shape[3]
     q = q.reshape(b, t, n_kv, h // n_kv, hd)  # [B, T, n_kv, G, d_head]
     if cache.max_length <= cache.block_size:
-        out = _full(q, cache.decode(cache_k[layer]), cache.decode(cache_v[layer]), positions, tree)
+        out = _full(q, cache.decode(cache_k[layer]), cache.decode(cache_v[layer]), positions, tree, window, softcap)
     else:
-        out = _blockwise(q, cache, layer, positions, write, tree)
+        out = _blockwise(q, cache, layer, positions, write, tree, window, softcap)
     return out.reshape(b, t, h, hd).astype(q.dtype), cache
 
 
-def _full(q, keys, values, positions, tree):
+def _full(q, keys, values, positions, tree, window=None, softcap=None):
     """q [B, T, n_kv, G, d]; keys, values [B, S, n_kv, d] -> [B, T, n_kv, G, d]."""
     scores = jnp.einsum("btngk,bsnk->bngts", q, keys.astype(q.dtype)).astype(jnp.float32) / jnp.sqrt(q.shape[-1])
+    scores = _softcap(scores, softcap)
     # Slot s is visible to a query at position p iff s <= p. Slots beyond the committed
     # sequence are stale and always masked.
-    visible = _visibility(jnp.arange(keys.shape[1]), positions, tree)  # [B, T, S]
+    visible = _visibility(jnp.arange(keys.shape[1]), positions, tree, window)  # [B, T, S]
     scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
     weights = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
     return jnp.einsum("bngts,bsnk->btngk", weights, values.astype(q.dtype))
 
 
-def _blockwise(q, cache: KVCache, layer: int, positions, written, tree):
+def _blockwise(q, cache: KVCache, layer: int, positions, written, tree, window=None, softcap=None):
     """Online softmax over cache blocks below max(written) + 1 (the highest slot this call wrote).
 
     q [B, T, n_kv, G, d]; cache.k, cache.v [layers, B, S, n_kv, d] -> [B, T, n_kv, G, d].
@@ -97,6 +133,9 @@ def _blockwise(q, cache: KVCache, layer: int, positions, written, tree):
     # not a multiple of `block` is read from s - block, and slots an earlier block already
     # covered are masked out of it.
     num_blocks = jnp.minimum(jnp.max(written) // block + 1, -(-s // block))
+    # With a sliding window, blocks wholly below the lowest query's window are skipped: no
+    # query sees a slot below min(position) - window + 1 (tree window slots lie above it).
+    first = 0 if window is None else jnp.maximum(jnp.min(positions) - window + 1, 0) // block
 
     def body_fn(i, carry):
         running_max, total, acc = carry  # [B, n_kv, G, T], [B, n_kv, G, T], [B, T, n_kv, G, d] f32
@@ -104,8 +143,9 @@ def _blockwise(q, cache: KVCache, layer: int, positions, written, tree):
         keys = cache.decode(jax.lax.dynamic_slice(cache.k, (layer, 0, start, 0, 0), (1, b, block, n_kv, hd))[0])
         values = cache.decode(jax.lax.dynamic_slice(cache.v, (layer, 0, start, 0, 0), (1, b, block, n_kv, hd))[0])
         scores = jnp.einsum("btngk,bsnk->bngts", q, keys.astype(q.dtype)).astype(jnp.float32) / jnp.sqrt(hd)
+        scores = _softcap(scores, softcap)
         slots = start + jnp.arange(block)
-        visible = _visibility(slots, positions, tree) & (slots >= i * block)  # [B, T, block]
+        visible = _visibility(slots, positions, tree, window) & (slots >= i * block)  # [B, T, block]
         scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
         new_max = jnp.maximum(running_max, jnp.max(scores, axis=-1))
         # A row that sees nothing yet keeps max -inf; subtracting 0 then leaves exp(-inf) = 0.
@@ -122,6 +162,6 @@ def _blockwise(q, cache: KVCache, layer: int, positions, written, tree):
         jnp.zeros((b, n_kv, g, t), jnp.float32),
         jnp.zeros((b, t, n_kv, g, hd), jnp.float32),
     )
-    _, total, acc = jax.lax.fori_loop(0, num_blocks, body_fn, init)
+    _, total, acc = jax.lax.fori_loop(first, num_blocks, body_fn, init)
     # Every query sees at least its own slot, so total > 0.
     return acc / jnp.transpose(total, (0, 3, 1, 2))[..., None]

@@ -1,4 +1,10 @@
-"""A Llama-family decoder (Llama, Mistral, Qwen2) as a Flax NNX module.
+"""The Llama-family decoder every rotary family shares, as Flax NNX modules.
+
+Llama, Mistral, Qwen2 and Phi-3 run `Llama` itself; Qwen3, Gemma 2/3, Mixtral and
+Qwen3-MoE are subclasses in their own small files that swap in what differs through the
+class hooks of `Llama` (the norm, a q/k norm, the MLP, sandwich norms, the embedding
+scale). Per-layer attention options (rotary variant and base, sliding window, score
+soft-capping and scale) are read from the config by `Attention`.
 
 The module is only ever used functionally, through `specjax.models.forward`, which
 merges a cached graph definition with a plain params pytree, so the same code serves
@@ -9,6 +15,8 @@ family shares.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -16,6 +24,7 @@ from flax import nnx
 from .attention import TreeMask, attend
 from .cache import KVCache
 from .config import ModelConfig
+from .rope import frequencies, rotary
 
 _init = nnx.initializers.normal(stddev=0.02)
 
@@ -32,23 +41,11 @@ class RMSNorm(nnx.Module):
         return (x32 * self.scale.astype(jnp.float32)).astype(x.dtype)
 
 
-def rotary(x, positions, theta: float):
-    """Rotate-half rotary embedding (HF convention), computed in float32.
-
-    x: [B, T, heads, d_head]; positions: [B, T] absolute positions of the tokens.
-    """
-    d_half = x.shape[-1] // 2
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, d_half, dtype=jnp.float32) * 2 / x.shape[-1]))
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, d_half]
-    cos = jnp.cos(angles)[:, :, None, :]
-    sin = jnp.sin(angles)[:, :, None, :]
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return rotated.astype(x.dtype)
-
-
 class Attention(nnx.Module):
-    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
+    """Grouped-query attention. `qk_norm` (a norm class, or None) normalises each head of q
+    and k over d_head before the rotation (Qwen3, Gemma 3)."""
+
+    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs, qk_norm=None):
         d, hd = config.hidden_size, config.resolved_head_dim
         h, kv = config.num_attention_heads, config.num_key_value_heads
         self.q_proj = nnx.Param(_init(rngs.params(), (d, h, hd), dtype))
@@ -61,6 +58,10 @@ class Attention(nnx.Module):
             self.v_bias = nnx.Param(jnp.zeros((kv, hd), dtype))
         if config.o_proj_bias:
             self.o_bias = nnx.Param(jnp.zeros((d,), dtype))
+        if qk_norm is not None:
+            self.q_norm = qk_norm(hd, config.rms_norm_eps, dtype)
+            self.k_norm = qk_norm(hd, config.rms_norm_eps, dtype)
+        self.has_qk_norm = qk_norm is not None
         self.config = config
 
     def __call__(self, x, positions, cache: KVCache, layer: int, tree: TreeMask | None = None):
@@ -71,9 +72,17 @@ class Attention(nnx.Module):
         v = jnp.einsum("btd,dgk->btgk", x, self.v_proj[...])  # [B, T, n_kv, d_head]
         if cfg.attention_bias:
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
-        q = rotary(q, positions, cfg.rope_theta)
-        k = rotary(k, positions, cfg.rope_theta)
-        out, cache = attend(q, k, v, positions, cache, layer, tree)
+        if self.has_qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        # The layer's rotary variant: Gemma 3 uses another base on its sliding layers.
+        inv_freq, attention_factor = frequencies(cfg.resolved_head_dim, *cfg.layer_rope(layer))
+        q = rotary(q, positions, inv_freq, attention_factor)
+        k = rotary(k, positions, inv_freq, attention_factor)
+        if cfg.query_pre_attn_scalar is not None:
+            # attend divides scores by sqrt(d_head); Gemma divides them by sqrt(query_pre_attn_scalar).
+            q = q * jnp.asarray((cfg.resolved_head_dim / cfg.query_pre_attn_scalar) ** 0.5, q.dtype)
+        window, softcap = cfg.layer_window(layer), cfg.attn_logit_softcapping
+        out, cache = attend(q, k, v, positions, cache, layer, tree, window=window, softcap=softcap)
         out = jnp.einsum("bthk,hkd->btd", out, self.o_proj[...])  # [B, T, D]
         if cfg.o_proj_bias:
             out = out + self.o_bias[...]
@@ -81,6 +90,10 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
+    """Gated MLP: down(act(gate(x)) * up(x)); subclasses change `act` (Gemma: GELU-tanh)."""
+
+    act = staticmethod(jax.nn.silu)
+
     def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
         d, f = config.hidden_size, config.intermediate_size
         self.gate_proj = nnx.Param(_init(rngs.params(), (d, f), dtype))
@@ -97,23 +110,36 @@ class MLP(nnx.Module):
         up = jnp.einsum("btd,df->btf", x, self.up_proj[...])
         if self.bias:
             gate, up = gate + self.gate_bias[...], up + self.up_bias[...]
-        out = jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, self.down_proj[...])
+        out = jnp.einsum("btf,fd->btd", self.act(gate) * up, self.down_proj[...])
         return out + self.down_bias[...] if self.bias else out
 
 
 class Block(nnx.Module):
-    """Pre-norm residual block; families differ only in the norm, attention and MLP they plug in."""
+    """Pre-norm residual block; families differ only in the norm, attention and MLP they plug in.
 
-    def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs, norm=RMSNorm, attention=None, mlp=None):
-        self.input_norm = norm(config.hidden_size, config.rms_norm_eps, dtype)
+    `post_attention_norm` is the norm in front of the MLP (HF Llama's post_attention_layernorm).
+    `sandwich` (Gemma) adds a norm on each sub-layer's output before its residual add:
+    `attn_out_norm` (HF Gemma's post_attention_layernorm) and `mlp_out_norm`.
+    """
+
+    def __init__(
+        self, config: ModelConfig, dtype, rngs: nnx.Rngs, norm=RMSNorm, attention=None, mlp=None, sandwich=False
+    ):
+        d, eps = config.hidden_size, config.rms_norm_eps
+        self.input_norm = norm(d, eps, dtype)
         self.attn = (attention or Attention)(config, dtype, rngs)
-        self.post_attention_norm = norm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.post_attention_norm = norm(d, eps, dtype)
         self.mlp = (mlp or MLP)(config, dtype, rngs)
+        if sandwich:
+            self.attn_out_norm = norm(d, eps, dtype)
+            self.mlp_out_norm = norm(d, eps, dtype)
+        self.sandwich = sandwich
 
     def __call__(self, x, positions, cache: KVCache, layer: int, tree: TreeMask | None = None):
         h, cache = self.attn(self.input_norm(x), positions, cache, layer, tree)
-        x = x + h
-        return x + self.mlp(self.post_attention_norm(x)), cache
+        x = x + (self.attn_out_norm(h) if self.sandwich else h)
+        h = self.mlp(self.post_attention_norm(x))
+        return x + (self.mlp_out_norm(h) if self.sandwich else h), cache
 
 
 def decode(model: nnx.Module, x, positions, cache: KVCache, tree: TreeMask | None = None, features: bool = False):
@@ -130,25 +156,45 @@ def decode(model: nnx.Module, x, positions, cache: KVCache, tree: TreeMask | Non
         logits = jnp.einsum("btd,vd->btv", x, model.embed[...])
     else:
         logits = jnp.einsum("btd,dv->btv", x, model.lm_head[...])
+    logits = logits.astype(jnp.float32)
+    cap = model.config.final_logit_softcapping
+    if cap is not None:  # Gemma 2: squash the logits into (-cap, cap)
+        logits = cap * jnp.tanh(logits / cap)
     # Every position written by this call now holds valid K/V. A tree call writes slots past
     # its positions, and which of them become committed is the caller's to say.
     if tree is None:
         cache = cache.replace(lengths=jnp.max(positions, axis=1).astype(jnp.int32) + 1)
     if features:
-        return logits.astype(jnp.float32), cache, x
-    return logits.astype(jnp.float32), cache
+        return logits, cache, x
+    return logits, cache
 
 
 class Llama(nnx.Module):
+    """The shared decoder. A family subclass overrides only these hooks:"""
+
+    norm = RMSNorm  # every RMSNorm of the model
+    qk_norm = None  # a norm over d_head of each q and k head, or None
+    mlp = MLP  # the feed-forward of every block
+    sandwich = False  # norms on the attention and MLP outputs too (Gemma)
+
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
         dtype = jnp.dtype(config.dtype)
         self.embed = nnx.Param(_init(rngs.params(), (config.vocab_size, config.hidden_size), dtype))
-        self.layers = nnx.List([Block(config, dtype, rngs) for _ in range(config.num_hidden_layers)])
-        self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        attention = functools.partial(Attention, qk_norm=self.qk_norm)
+        self.layers = nnx.List(
+            [
+                Block(config, dtype, rngs, norm=self.norm, attention=attention, mlp=self.mlp, sandwich=self.sandwich)
+                for _ in range(config.num_hidden_layers)
+            ]
+        )
+        self.final_norm = self.norm(config.hidden_size, config.rms_norm_eps, dtype)
         if not config.tie_word_embeddings:
             self.lm_head = nnx.Param(_init(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
         self.config = config
 
     def __call__(self, tokens, positions, cache: KVCache, tree: TreeMask | None = None, features: bool = False):
         """tokens, positions: [B, T] int32 -> (logits [B, T, V] float32, updated cache)."""
-        return decode(self, self.embed[...][tokens], positions, cache, tree, features)
+        return decode(self, self.embed_tokens(tokens), positions, cache, tree, features)
+
+    def embed_tokens(self, tokens):  # [B, T] -> [B, T, D]
+        return self.embed[...][tokens]

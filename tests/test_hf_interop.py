@@ -289,17 +289,22 @@ def test_missing_directory_config_and_weights(tmp_path):
         specjax.load_model(tmp_path)
 
 
-def test_mistral_sliding_window_that_binds(tmp_path):
-    config = transformers.MistralConfig(**_SIZES, sliding_window=16)
-    save_hf(make_hf(config), tmp_path)
-    with pytest.raises(ValueError, match=r"sliding_window=16 is smaller than max_position_embeddings=128"):
-        specjax.load_model(tmp_path)
+def test_mistral_sliding_window_that_binds_is_honoured(tmp_path):
+    """A window below max_position_embeddings masks keys more than 16 positions back (once
+    refused; tests/test_families.py checks windows in generation too)."""
+    hf = make_hf(transformers.MistralConfig(**_SIZES, sliding_window=16))
+    model = specjax.load_model(save_hf(hf, tmp_path))
+    assert model.config.sliding_window == 16
+    ids = random_ids(length=40)
+    np.testing.assert_allclose(specjax.logits(model, ids), hf_logits(hf, ids), atol=1e-4, rtol=0)
+    unwindowed = specjax.Model(model.config.replace(sliding_window=None), model.params)
+    assert np.abs(specjax.logits(unwindowed, ids)[:, 16:] - hf_logits(hf, ids)[:, 16:]).max() > 1e-2
 
 
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}, r"rope scaling 'linear'"),
+        ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, r"rope scaling 'longrope'"),
         ({"hidden_act": "gelu"}, r"hidden_act 'gelu' is not supported"),
         ({"num_hidden_layers": 3}, r"missing weight 'model\.layers\.2\."),
     ],
@@ -319,7 +324,7 @@ def test_embedded_names_resolve_and_unknown_names_list_them(hf_target_dir, monke
 
 
 def test_model_type_is_validated():
-    with pytest.raises(ValueError, match=r"model_type must be one of llama, qwen2, mistral, gpt2"):
+    with pytest.raises(ValueError, match=r"model_type must be one of llama, qwen2, mistral, phi3, qwen3, .*, gpt2"):
         specjax.ModelConfig(model_type="falcon")
     with pytest.raises(ValueError, match=r"num_key_value_heads must equal num_attention_heads"):
         specjax.ModelConfig(model_type="gpt2")

@@ -322,7 +322,8 @@ def test_tuned_tree_beats_the_chain_of_equal_width(pair):
         out = specjax.speculative_generate(target, draft, prompts, max_new_tokens=24, tree=tree)
         measured[name] = out.stats.mean_acceptance_length
     assert measured["tuned"] >= measured["chain"]
-    assert abs(measured["tuned"] - (1 + tuned.expected_accepted(table))) < 0.2
+    # Within 10%: the positional model runs a little high (it ignores EOS and the token budget).
+    assert abs(measured["tuned"] - (1 + tuned.expected_accepted(table))) < 0.1 * measured["tuned"]
 
 
 def test_tree_from_spec():

@@ -31,7 +31,8 @@ from specjax.models.llama import decode
 
 
 def head_config(target: ModelConfig, num_attention_heads: int, num_key_value_heads: int, intermediate_size: int):
-    """The head's one-layer Llama config: the target's width, vocabulary and rotary base."""
+    """The head's one-layer Llama config: the target's width, vocabulary and rotary
+    embedding (base and scaling: a Llama 3.1 target's positions rotate the same way)."""
     head_dim = target.resolved_head_dim
     return ModelConfig(
         vocab_size=target.vocab_size,
@@ -42,6 +43,7 @@ def head_config(target: ModelConfig, num_attention_heads: int, num_key_value_hea
         num_key_value_heads=num_key_value_heads,
         head_dim=head_dim,
         rope_theta=target.rope_theta,
+        rope_scaling=target.rope_scaling,
         rms_norm_eps=target.rms_norm_eps,
         max_position_embeddings=target.max_position_embeddings,
         tie_word_embeddings=target.tie_word_embeddings,
@@ -50,13 +52,19 @@ def head_config(target: ModelConfig, num_attention_heads: int, num_key_value_hea
     )
 
 
-def init_eagle_params(config: ModelConfig, target_params: dict | None = None, seed: int = 0) -> dict:
-    """fc [2D, D], one layer and a final norm (the target's, when it is an RMSNorm)."""
+def init_eagle_params(
+    config: ModelConfig, target_params: dict | None = None, seed: int = 0, target_config: ModelConfig | None = None
+) -> dict:
+    """fc [2D, D], one layer and a final norm (a copy of the target's when it is a plain RMSNorm
+    of the same layout; Gemma's scales by 1 + w, so its weights would mean something else)."""
     full = init_params(config, seed)
     d = config.hidden_size
     fc = 0.02 * jax.random.normal(jax.random.key(seed + 1), (2 * d, d), jnp.dtype(config.dtype))
     norm = full["final_norm"]
-    if target_params is not None and jax.tree.structure(target_params.get("final_norm")) == jax.tree.structure(norm):
+    plain_rms = target_config is None or not target_config.model_type.startswith("gemma")
+    layout = jax.tree.structure(norm)
+    same_layout = target_params is not None and jax.tree.structure(target_params.get("final_norm")) == layout
+    if plain_rms and same_layout:
         norm = jax.tree.map(jnp.array, target_params["final_norm"])  # a copy: trained, and donated
     return {"fc": fc, "layers": full["layers"], "final_norm": norm}
 

@@ -3,8 +3,22 @@
 HF `nn.Linear` weights are [out, in] with heads flattened into `out`; specjax kernels are
 [in, heads, d_head] (q, k, v) and [heads, d_head, out] (o), so every projection is
 transposed and reshaped here. GPT-2's `Conv1D` is already [in, out] but fuses q, k, v
-into one `c_attn` tensor, which is split. `params_from_hf` and `params_to_hf` are
+into one `c_attn` tensor, which is split. The readers and writers of each layout are
 inverses of each other; the round-trip tests hold them to that.
+
+Family layouts (HF name -> specjax param), beyond Llama's:
+  Phi-3:      self_attn.qkv_proj [(H + 2 n_kv) d_head, D] -> q_proj, k_proj, v_proj (rows in
+              that order); mlp.gate_up_proj [2F, D] -> gate_proj, up_proj (gate first).
+  Qwen3, Gemma 3: self_attn.q_norm / k_norm [d_head] -> attn.q_norm / attn.k_norm.
+  Gemma 2/3:  input_layernorm -> input_norm, pre_feedforward_layernorm -> post_attention_norm
+              (the norm before the MLP, as in Llama), post_attention_layernorm -> attn_out_norm,
+              post_feedforward_layernorm -> mlp_out_norm; norm weights as HF stores them (the
+              norm scales by 1 + weight).
+  Mixtral:    block_sparse_moe.gate [E, D] -> mlp.router [D, E]; experts.{e}.w1 / w3 / w2
+              -> mlp.gate_proj / up_proj [E, D, F] and down_proj [E, F, D].
+  Qwen3-MoE:  mlp.gate -> mlp.router; mlp.experts.{e}.gate_proj / up_proj / down_proj.
+The MoE layouts are the per-expert tensors of the Hub checkpoints, which transformers 5
+also writes (it fuses them only in memory).
 """
 
 from __future__ import annotations
@@ -22,6 +36,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from specjax.models import ModelConfig, init_params
+from specjax.models.config import GEMMA_TYPES, MOE_TYPES, QK_NORM_TYPES
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -122,9 +137,27 @@ def _merge_heads_out(w):
     return w.reshape(-1, w.shape[-1]).T
 
 
+def _layer_norms(cfg: ModelConfig) -> tuple[tuple[str, str], ...]:
+    """(specjax norm, HF layernorm) of each block norm."""
+    if cfg.model_type in GEMMA_TYPES:
+        return (
+            ("input_norm", "input_layernorm"),
+            ("post_attention_norm", "pre_feedforward_layernorm"),
+            ("attn_out_norm", "post_attention_layernorm"),
+            ("mlp_out_norm", "post_feedforward_layernorm"),
+        )
+    return (("input_norm", "input_layernorm"), ("post_attention_norm", "post_attention_layernorm"))
+
+
+def _moe_names(cfg: ModelConfig) -> tuple[str, str, dict[str, str]]:
+    """(MoE module prefix, router name, specjax expert kernel -> HF expert weight name)."""
+    if cfg.model_type == "mixtral":
+        return "block_sparse_moe", "gate", {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+    return "mlp", "gate", {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
+
+
 def _llama_from_hf(cfg: ModelConfig, get: Getter) -> dict:
-    d, f, hd, v = cfg.hidden_size, cfg.intermediate_size, cfg.resolved_head_dim, cfg.vocab_size
-    h, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    d, v = cfg.hidden_size, cfg.vocab_size
     params = {
         "embed": get("model.embed_tokens.weight", (v, d)),
         "final_norm": {"scale": get("model.norm.weight", (d,))},
@@ -134,59 +167,121 @@ def _llama_from_hf(cfg: ModelConfig, get: Getter) -> dict:
     params["layers"] = {}
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
-        attn = {
-            "q_proj": _split_heads_in(get(f"{p}.self_attn.q_proj.weight", (h * hd, d)), h),
-            "k_proj": _split_heads_in(get(f"{p}.self_attn.k_proj.weight", (kv * hd, d)), kv),
-            "v_proj": _split_heads_in(get(f"{p}.self_attn.v_proj.weight", (kv * hd, d)), kv),
-            "o_proj": _split_heads_out(get(f"{p}.self_attn.o_proj.weight", (d, h * hd)), h),
-        }
-        if cfg.attention_bias:
-            attn["q_bias"] = get(f"{p}.self_attn.q_proj.bias", (h * hd,)).reshape(h, hd)
-            attn["k_bias"] = get(f"{p}.self_attn.k_proj.bias", (kv * hd,)).reshape(kv, hd)
-            attn["v_bias"] = get(f"{p}.self_attn.v_proj.bias", (kv * hd,)).reshape(kv, hd)
-        if cfg.o_proj_bias:
-            attn["o_bias"] = get(f"{p}.self_attn.o_proj.bias", (d,))
-        mlp = {
-            "gate_proj": get(f"{p}.mlp.gate_proj.weight", (f, d)).T,
-            "up_proj": get(f"{p}.mlp.up_proj.weight", (f, d)).T,
-            "down_proj": get(f"{p}.mlp.down_proj.weight", (d, f)).T,
-        }
-        if cfg.mlp_bias:
-            mlp["gate_bias"] = get(f"{p}.mlp.gate_proj.bias", (f,))
-            mlp["up_bias"] = get(f"{p}.mlp.up_proj.bias", (f,))
-            mlp["down_bias"] = get(f"{p}.mlp.down_proj.bias", (d,))
-        params["layers"][i] = {
-            "attn": attn,
-            "mlp": mlp,
-            "input_norm": {"scale": get(f"{p}.input_layernorm.weight", (d,))},
-            "post_attention_norm": {"scale": get(f"{p}.post_attention_layernorm.weight", (d,))},
-        }
+        layer = {"attn": _attention_from_hf(cfg, get, f"{p}.self_attn"), "mlp": _mlp_from_hf(cfg, get, p)}
+        for name, hf_name in _layer_norms(cfg):
+            layer[name] = {"scale": get(f"{p}.{hf_name}.weight", (d,))}
+        params["layers"][i] = layer
     return params
+
+
+def _attention_from_hf(cfg: ModelConfig, get: Getter, p: str) -> dict:
+    d, hd = cfg.hidden_size, cfg.resolved_head_dim
+    h, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    if cfg.model_type == "phi3":
+        qkv = get(f"{p}.qkv_proj.weight", ((h + 2 * kv) * hd, d))
+        q, k, v = jnp.split(qkv, [h * hd, (h + kv) * hd])
+    else:
+        q = get(f"{p}.q_proj.weight", (h * hd, d))
+        k = get(f"{p}.k_proj.weight", (kv * hd, d))
+        v = get(f"{p}.v_proj.weight", (kv * hd, d))
+    attn = {
+        "q_proj": _split_heads_in(q, h),
+        "k_proj": _split_heads_in(k, kv),
+        "v_proj": _split_heads_in(v, kv),
+        "o_proj": _split_heads_out(get(f"{p}.o_proj.weight", (d, h * hd)), h),
+    }
+    if cfg.attention_bias:
+        attn["q_bias"] = get(f"{p}.q_proj.bias", (h * hd,)).reshape(h, hd)
+        attn["k_bias"] = get(f"{p}.k_proj.bias", (kv * hd,)).reshape(kv, hd)
+        attn["v_bias"] = get(f"{p}.v_proj.bias", (kv * hd,)).reshape(kv, hd)
+    if cfg.o_proj_bias:
+        attn["o_bias"] = get(f"{p}.o_proj.bias", (d,))
+    if cfg.model_type in QK_NORM_TYPES:
+        attn["q_norm"] = {"scale": get(f"{p}.q_norm.weight", (hd,))}
+        attn["k_norm"] = {"scale": get(f"{p}.k_norm.weight", (hd,))}
+    return attn
+
+
+def _mlp_from_hf(cfg: ModelConfig, get: Getter, p: str) -> dict:
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    if cfg.model_type in MOE_TYPES:
+        module, router, names = _moe_names(cfg)
+        e = cfg.num_experts
+        mlp = {"router": get(f"{p}.{module}.{router}.weight", (e, d)).T}
+        for name, hf_name in names.items():
+            shape = (d, f) if name == "down_proj" else (f, d)
+            mlp[name] = jnp.stack([get(f"{p}.{module}.experts.{x}.{hf_name}.weight", shape).T for x in range(e)])
+        return mlp
+    if cfg.model_type == "phi3":
+        gate, up = jnp.split(get(f"{p}.mlp.gate_up_proj.weight", (2 * f, d)), 2)
+        return {"gate_proj": gate.T, "up_proj": up.T, "down_proj": get(f"{p}.mlp.down_proj.weight", (d, f)).T}
+    mlp = {
+        "gate_proj": get(f"{p}.mlp.gate_proj.weight", (f, d)).T,
+        "up_proj": get(f"{p}.mlp.up_proj.weight", (f, d)).T,
+        "down_proj": get(f"{p}.mlp.down_proj.weight", (d, f)).T,
+    }
+    if cfg.mlp_bias:
+        mlp["gate_bias"] = get(f"{p}.mlp.gate_proj.bias", (f,))
+        mlp["up_bias"] = get(f"{p}.mlp.up_proj.bias", (f,))
+        mlp["down_bias"] = get(f"{p}.mlp.down_proj.bias", (d,))
+    return mlp
 
 
 def _llama_to_hf(cfg: ModelConfig, params: dict) -> dict:
     out = {"model.embed_tokens.weight": params["embed"], "model.norm.weight": params["final_norm"]["scale"]}
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = params["lm_head"].T
+    for i, layer in params["layers"].items():
+        p = f"model.layers.{i}"
+        out |= _attention_to_hf(cfg, layer["attn"], f"{p}.self_attn")
+        out |= _mlp_to_hf(cfg, layer["mlp"], p)
+        for name, hf_name in _layer_norms(cfg):
+            out[f"{p}.{hf_name}.weight"] = layer[name]["scale"]
+    return out
+
+
+def _attention_to_hf(cfg: ModelConfig, attn: dict, p: str) -> dict:
+    out = {}
+    if cfg.model_type == "phi3":
+        out[f"{p}.qkv_proj.weight"] = jnp.concatenate([_merge_heads_in(attn[f"{n}_proj"]) for n in "qkv"])
+    else:
+        for name in "qkv":
+            out[f"{p}.{name}_proj.weight"] = _merge_heads_in(attn[f"{name}_proj"])
     # HF Llama's attention_bias covers q, k, v and o together; a specjax Llama with only
     # some of them is written with zeros for the others, which computes the same function.
     all_four = cfg.model_type == "llama" and (cfg.attention_bias or cfg.o_proj_bias)
-    for i, layer in params["layers"].items():
-        p, attn, mlp = f"model.layers.{i}", layer["attn"], layer["mlp"]
-        for name in ("q", "k", "v"):
-            out[f"{p}.self_attn.{name}_proj.weight"] = _merge_heads_in(attn[f"{name}_proj"])
-            if cfg.attention_bias or all_four:
-                bias = attn.get(f"{name}_bias", jnp.zeros(attn[f"{name}_proj"].shape[1:], attn[f"{name}_proj"].dtype))
-                out[f"{p}.self_attn.{name}_proj.bias"] = bias.reshape(-1)
-        out[f"{p}.self_attn.o_proj.weight"] = _merge_heads_out(attn["o_proj"])
-        if cfg.o_proj_bias or all_four:
-            out[f"{p}.self_attn.o_proj.bias"] = attn.get("o_bias", jnp.zeros(cfg.hidden_size, attn["o_proj"].dtype))
-        for name in ("gate", "up", "down"):
-            out[f"{p}.mlp.{name}_proj.weight"] = mlp[f"{name}_proj"].T
-            if cfg.mlp_bias:
-                out[f"{p}.mlp.{name}_proj.bias"] = mlp[f"{name}_bias"]
-        out[f"{p}.input_layernorm.weight"] = layer["input_norm"]["scale"]
-        out[f"{p}.post_attention_layernorm.weight"] = layer["post_attention_norm"]["scale"]
+    if cfg.attention_bias or all_four:
+        for name in "qkv":
+            kernel = attn[f"{name}_proj"]
+            bias = attn.get(f"{name}_bias", jnp.zeros(kernel.shape[1:], kernel.dtype))
+            out[f"{p}.{name}_proj.bias"] = bias.reshape(-1)
+    out[f"{p}.o_proj.weight"] = _merge_heads_out(attn["o_proj"])
+    if cfg.o_proj_bias or all_four:
+        out[f"{p}.o_proj.bias"] = attn.get("o_bias", jnp.zeros(cfg.hidden_size, attn["o_proj"].dtype))
+    if cfg.model_type in QK_NORM_TYPES:
+        out[f"{p}.q_norm.weight"] = attn["q_norm"]["scale"]
+        out[f"{p}.k_norm.weight"] = attn["k_norm"]["scale"]
+    return out
+
+
+def _mlp_to_hf(cfg: ModelConfig, mlp: dict, p: str) -> dict:
+    if cfg.model_type in MOE_TYPES:
+        module, router, names = _moe_names(cfg)
+        out = {f"{p}.{module}.{router}.weight": mlp["router"].T}
+        for name, hf_name in names.items():
+            for x in range(cfg.num_experts):
+                out[f"{p}.{module}.experts.{x}.{hf_name}.weight"] = mlp[name][x].T
+        return out
+    if cfg.model_type == "phi3":
+        return {
+            f"{p}.mlp.gate_up_proj.weight": jnp.concatenate([mlp["gate_proj"].T, mlp["up_proj"].T]),
+            f"{p}.mlp.down_proj.weight": mlp["down_proj"].T,
+        }
+    out = {}
+    for name in ("gate", "up", "down"):
+        out[f"{p}.mlp.{name}_proj.weight"] = mlp[f"{name}_proj"].T
+        if cfg.mlp_bias:
+            out[f"{p}.mlp.{name}_proj.bias"] = mlp[f"{name}_bias"]
     return out
 
 

@@ -159,7 +159,7 @@ def _kind(config: HeadTrainConfig, target: Model) -> _Kind:
     e = config.eagle
     layer = head_config(target.config, e.num_attention_heads, e.num_key_value_heads, e.intermediate_size)
     return _Kind(
-        initial=init_eagle_params(layer, target.params, config.seed),
+        initial=init_eagle_params(layer, target.params, config.seed, target.config),
         as_head=lambda params: Eagle(params=params, config=layer),
         loss=functools.partial(eagle_loss, layer, target.config, weights=(e.feature_weight, e.token_weight)),
         part_names=("feature_loss", "token_kl"),
