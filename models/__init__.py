@@ -65,12 +65,13 @@ def forward(
     return nnx.merge(graphdef(config), params)(tokens, positions, cache, tree, features)
 
 
-def full_forward(config: ModelConfig, params: dict, tokens):
-    """Logits of a whole batch with no prior context: tokens [B, T] -> [B, T, V]."""
+def full_forward(config: ModelConfig, params: dict, tokens, features: bool = False):
+    """Logits of a whole batch with no prior context: tokens [B, T] -> [B, T, V]; with
+    `features`, (logits, hidden states [B, T, D]) as `forward(..., features=True)` gives them."""
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    logits, _ = forward(config, params, tokens, positions, init_cache(config, b, t))
-    return logits
+    out = forward(config, params, tokens, positions, init_cache(config, b, t), features=features)
+    return (out[0], out[2]) if features else out[0]
 
 
 __all__ = [

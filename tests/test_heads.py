@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import RAGGED_PROMPTS, TARGET_CONFIG, kill_after_checkpoint, scaled_model
+from specjax.models import full_forward
 
 import specjax
 from specjax.bench.distribution import chi_square_p_value
@@ -20,7 +21,7 @@ from specjax.drafters.medusa import init_medusa_params
 from specjax.engine.acceptance import always_accept_rule
 from specjax.io.tokenizer import ByteTokenizer
 from specjax.training.data import training_batch
-from specjax.training.heads import HeadTrainConfig, eagle_loss, medusa_loss, target_features, train_head
+from specjax.training.heads import HeadTrainConfig, eagle_loss, medusa_loss, train_head
 from specjax.trees import Tree, tree_no_residual_rule
 
 
@@ -59,7 +60,7 @@ def test_heads_receive_the_targets_hidden_states_at_the_right_positions(target, 
     for _ in range(5):
         lengths = np.asarray(state.lengths)
         # The whole buffer: slots past a row's length cannot reach earlier positions (causal).
-        _, features = jax.jit(target_features, static_argnums=0)(target.config, target.params, state.tokens)
+        _, features = jax.jit(full_forward, static_argnums=(0, 3))(target.config, target.params, state.tokens, True)
         live = ~np.asarray(state.done)
         if heads.name == "medusa":
             expected = np.asarray(features)[np.arange(len(lengths)), np.maximum(lengths - 2, 0)]

@@ -26,7 +26,7 @@ from specjax.drafters.base import DraftContext, Drafter, Proposal, TreeProposal
 from specjax.drafters.draft_model import _draw
 from specjax.engine.loop import gather_tokens
 from specjax.engine.sampling import probabilities
-from specjax.models import KVCache, ModelConfig, TreeMask, graphdef, init_cache, init_params
+from specjax.models import KVCache, ModelConfig, TreeMask, full_forward, graphdef, init_cache, init_params
 from specjax.models.llama import decode
 
 
@@ -82,6 +82,21 @@ def eagle_forward(
         merged["lm_head"] = target_params["lm_head"]
     module = nnx.merge(graphdef(config), merged)
     return decode(module, x, positions, cache, tree, features=True)
+
+
+def teacher_forced(config: ModelConfig, params: dict, target_config: ModelConfig, target_params: dict, tokens):
+    """The head over whole sequences with the target's true features (training, tuning).
+
+    tokens [B, T] -> (target logits [B, T, V], target features [B, T, D], head logits
+    [B, T, V], predicted features [B, T, D]); the target side carries no gradient.
+    """
+    target_logits, features = jax.lax.stop_gradient(full_forward(target_config, target_params, tokens, features=True))
+    b, t, d = features.shape
+    previous = jnp.concatenate([jnp.zeros((b, 1, d), features.dtype), features[:, :-1]], axis=1)  # f_{p-1}
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    cache = init_cache(config, b, t)
+    head_logits, _, predicted = eagle_forward(config, params, target_params, tokens, previous, positions, cache)
+    return target_logits, features, head_logits, predicted
 
 
 @struct.dataclass

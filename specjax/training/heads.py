@@ -30,12 +30,12 @@ import jax.numpy as jnp
 import optax
 from tqdm.auto import tqdm
 
-from specjax.drafters.eagle import Eagle, eagle_forward, head_config, init_eagle_params
+from specjax.drafters.eagle import Eagle, head_config, init_eagle_params, teacher_forced
 from specjax.drafters.heads import save_drafter
 from specjax.drafters.medusa import Medusa, init_medusa_params, medusa_hidden, target_logits
 from specjax.engine.speculative import speculative_generate
 from specjax.io.model import Model
-from specjax.models import ModelConfig, forward, init_cache
+from specjax.models import ModelConfig, full_forward
 from specjax.training.data import DataConfig, held_out_prompts, training_batch
 from specjax.training.runs import open_run, resume_or_start
 from specjax.training.train import OptimConfig, make_optimizer
@@ -87,20 +87,12 @@ class HeadTrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
-def target_features(config: ModelConfig, params, tokens):
-    """Cache-free target pass: tokens [B, T] -> (logits [B, T, V], features [B, T, D])."""
-    b, t = tokens.shape
-    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    logits, _, features = forward(config, params, tokens, positions, init_cache(config, b, t), features=True)
-    return logits, features
-
-
 def medusa_loss(target_config: ModelConfig, target_params, head_params, tokens):
     """Mean over heads and positions of KL(target p at t + k || head k at t): tokens [B, T].
 
     KL is the soft cross-entropy minus the target's entropy, so 0 means a perfect head.
     """
-    logits, features = target_features(target_config, target_params, tokens)
+    logits, features = full_forward(target_config, target_params, tokens, features=True)
     logits, features = jax.lax.stop_gradient(logits), jax.lax.stop_gradient(features)
     b, t, d = features.shape
     num_heads = head_params["w"].shape[0]
@@ -117,13 +109,7 @@ def medusa_loss(target_config: ModelConfig, target_params, head_params, tokens):
 
 def eagle_loss(config: ModelConfig, target_config: ModelConfig, target_params, head_params, tokens, weights):
     """EAGLE's loss on tokens [B, T]: (total, [feature smooth-L1, token KL])."""
-    logits, features = jax.lax.stop_gradient(target_features(target_config, target_params, tokens))
-    b, t, d = features.shape
-    previous = jnp.concatenate([jnp.zeros((b, 1, d), features.dtype), features[:, :-1]], axis=1)  # f_{p-1}
-    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    head_logits, _, predicted = eagle_forward(
-        config, head_params, target_params, tokens, previous, positions, init_cache(config, b, t)
-    )
+    logits, features, head_logits, predicted = teacher_forced(config, head_params, target_config, target_params, tokens)
     feature_loss = jnp.mean(optax.huber_loss(predicted, features, delta=1.0))
     teacher = jax.nn.log_softmax(logits, axis=-1)
     token_kl = jnp.mean(jnp.sum(jnp.exp(teacher) * (teacher - jax.nn.log_softmax(head_logits, axis=-1)), axis=-1))

@@ -22,9 +22,14 @@ depth for hardware cost, which `max_depth` does here.
 
 from __future__ import annotations
 
+import functools
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from specjax.drafters import DraftModel, LayerSkip
+from specjax.drafters import DraftModel, Eagle, LayerSkip
+from specjax.drafters.eagle import teacher_forced
 from specjax.drafters.layer_skip import early_exit
 from specjax.engine.decode import generate
 from specjax.engine.sampling import SamplingConfig, probabilities
@@ -32,14 +37,27 @@ from specjax.io.model import Model, logits
 from specjax.trees.tree import Tree
 
 
-def _as_model(draft, target: Model) -> Model:
+def _draft_logits(draft, target: Model, batch: np.ndarray) -> np.ndarray:
+    """The drafter's next-token logits at every position of `batch` [B, T], teacher-forced
+    on the true prefix -> [B, T, V]. An EAGLE head reads the target's true features, so at
+    depth > 1 (where it drafts from its own predicted features) this is optimistic."""
     if isinstance(draft, Model):
-        return draft
+        return logits(draft, batch)
     if isinstance(draft, DraftModel) and draft.model is not None:
-        return draft.model
+        return logits(draft.model, batch)
     if isinstance(draft, LayerSkip):
-        return Model(*early_exit(target.config, target.params, draft.layers))
-    raise ValueError(f"tune_tree needs a draft Model, DraftModel or LayerSkip, got {draft!r}")
+        return logits(Model(*early_exit(target.config, target.params, draft.layers)), batch)
+    if isinstance(draft, Eagle) and draft.params is not None:
+        return np.asarray(_eagle_logits(draft.config, target.config, draft.params, target.params, jnp.asarray(batch)))
+    raise ValueError(
+        f"tune_tree needs a draft Model, DraftModel, LayerSkip or Eagle head, got {draft!r} "
+        "(Medusa's heads guess each depth separately: use Tree.from_acceptance on your own table)"
+    )
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _eagle_logits(config, target_config, params, target_params, tokens):
+    return teacher_forced(config, params, target_config, target_params, tokens)[2]
 
 
 def _rank_probabilities(p_logits, q_logits, token, sampling: SamplingConfig, max_rank: int) -> np.ndarray:
@@ -74,7 +92,6 @@ def measure_acceptance(
     **sampling,
 ) -> np.ndarray:
     """[max_depth, max_rank]: P(rank-r candidate accepted at depth d + 1 | its parent was)."""
-    model = _as_model(draft, target)
     config = SamplingConfig(temperature, sampling.get("top_k"), sampling.get("top_p"))
     out = generate(target, prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, **sampling)
     encoded = prompts if not out.text else [target.tokenizer.encode(p) for p in prompts]
@@ -84,7 +101,7 @@ def measure_acceptance(
     for i, s in enumerate(sequences):
         batch[i, : len(s)] = s
     # Right padding never reaches earlier positions of a causal model: one call per model.
-    p_all, q_all = logits(target, batch), logits(model, batch)
+    p_all, q_all = logits(target, batch), _draft_logits(draft, target, batch)
     numerator = np.zeros((max_depth, max_rank))
     denominator = np.zeros(max_depth)
     for i, (p, t) in enumerate(zip(encoded, out.tokens, strict=True)):
