@@ -265,9 +265,19 @@ def pair8():
 SAMPLINGS = {"t1": dict(temperature=1.0), "t0.7_topk5_topp0.9": dict(temperature=0.7, top_k=5, top_p=0.9)}
 
 
-@pytest.mark.parametrize("rule_name", ["exact", "no_residual"])
-@pytest.mark.parametrize("candidates", ["sample", "top"])
-@pytest.mark.parametrize("sampling_name", sorted(SAMPLINGS))
+# Every candidate kind and every sampling config passes with the exact rule; the negative
+# control fails for both candidate kinds (six engine runs of 6000 rows, not eight).
+@pytest.mark.parametrize(
+    "sampling_name, candidates, rule_name",
+    [
+        ("t1", "sample", "exact"),
+        ("t1", "top", "exact"),
+        ("t0.7_topk5_topp0.9", "sample", "exact"),
+        ("t0.7_topk5_topp0.9", "top", "exact"),
+        ("t1", "sample", "no_residual"),
+        ("t1", "top", "no_residual"),
+    ],
+)
 def test_tree_sampling_joint_of_first_two_tokens(pair8, sampling_name, candidates, rule_name):
     target, draft = pair8
     kwargs = SAMPLINGS[sampling_name]
