@@ -26,6 +26,7 @@ from specjax.drafters import (
 )
 from specjax.engine.acceptance import AcceptanceRule, greedy_rule, rejection_sampling_rule
 from specjax.engine.decode import DecodeState, generate, prepare_generate
+from specjax.engine.adaptive import AdaptiveConfig
 from specjax.engine.loop import CacheConfig
 from specjax.engine.output import GenerationOutput, GenerationStats, PreparedGeneration
 from specjax.engine.sampling import SamplingConfig, probabilities
@@ -50,6 +51,7 @@ __all__ = [
     "AcceptanceRule",
     "CacheConfig",
     "DecodeState",
+    "AdaptiveConfig",
     "DraftContext",
     "DraftModel",
     "Drafter",

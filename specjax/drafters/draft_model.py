@@ -38,6 +38,34 @@ def _draw(key, logits, sampling: SamplingConfig):
     return sample(key, q), q
 
 
+def resync(config: ModelConfig, params, cache: KVCache, ctx: DraftContext, width: int) -> KVCache:
+    """Feed committed tokens in chunks of `width` until the cache lags by at most `width`.
+
+    A round's own catch-up covers the lag a round leaves (at most `width`). Adaptive
+    speculation (engine/adaptive.py) also commits tokens in plain steps that draft nothing,
+    so the lag can grow without bound; `cache.lengths` (kept by `committed_cache`) says
+    where the committed K/V end. Otherwise the loop body never runs.
+    """
+    last = jnp.maximum(ctx.lengths - 1, 0)[:, None]  # [B, 1]: the last committed slot
+
+    def cond_fn(cache):
+        return jnp.any(~ctx.done & (cache.lengths < ctx.lengths - width))
+
+    def body_fn(cache):
+        # Rows already close enough re-feed committed slots (rewriting the K/V they hold).
+        feed = jnp.minimum(cache.lengths[:, None] + jnp.arange(width), last)  # [B, W]
+        return forward(config, params, gather_tokens(ctx.tokens, feed), feed, cache)[1]
+
+    return jax.lax.while_loop(cond_fn, body_fn, cache)
+
+
+def committed_cache(cache: KVCache, ctx: DraftContext) -> KVCache:
+    """After a commit: slots below the returned lengths hold K/V of the committed sequence.
+    The correction/bonus token (the last committed) was never fed, and rejected drafts past
+    it hold stale K/V that the next catch-up rewrites before any query reads them."""
+    return cache.replace(lengths=jnp.minimum(cache.lengths, ctx.lengths - 1))
+
+
 def propose_autoregressive(config: ModelConfig, params, cache: KVCache, ctx: DraftContext, key, catch_up: int):
     """K tokens from a model: catch-up of width `catch_up`, then K - 1 single-token steps.
 
@@ -45,6 +73,7 @@ def propose_autoregressive(config: ModelConfig, params, cache: KVCache, ctx: Dra
     """
     k = ctx.num_speculative_tokens
     lengths = ctx.lengths
+    cache = resync(config, params, cache, ctx, catch_up)
     # Positions L-W..L-1 (a short prompt repeats position 0, writing the same K/V twice).
     feed = jnp.maximum(lengths[:, None] + jnp.arange(-catch_up, 0), 0)  # [B, W]
     logits, cache = forward(config, params, gather_tokens(ctx.tokens, feed), feed, cache)
@@ -75,6 +104,7 @@ def propose_tree(config: ModelConfig, params, cache: KVCache, ctx: DraftContext,
     tree = ctx.tree
     b = ctx.lengths.shape[0]
     start = ctx.lengths - 1  # the root's slot and position
+    cache = resync(config, params, cache, ctx, catch_up)
     feed = jnp.maximum(ctx.lengths[:, None] + jnp.arange(-catch_up, 0), 0)  # [B, W]
     logits, cache = forward(config, params, gather_tokens(ctx.tokens, feed), feed, cache)
     sampled = not ctx.sampling.greedy and candidates == "sample"
@@ -177,8 +207,4 @@ class DraftModel(Drafter):
         return self.update(weights, state, ctx, num_accepted)
 
     def update(self, weights, state: ModelDraftState, ctx: DraftContext, num_accepted):
-        # Informational (attention masks by position): slots below this hold K/V of the
-        # committed sequence. The correction/bonus token (last committed) was never fed, and
-        # the next catch-up rewrites whatever lies past it before any query reads it.
-        valid = jnp.minimum(state.cache.lengths, ctx.lengths - 1)
-        return ModelDraftState(cache=state.cache.replace(lengths=valid))
+        return ModelDraftState(cache=committed_cache(state.cache, ctx))

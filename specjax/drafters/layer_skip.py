@@ -23,7 +23,7 @@ import dataclasses
 from flax import struct
 
 from specjax.drafters.base import DraftContext, Drafter
-from specjax.drafters.draft_model import propose_autoregressive, propose_tree
+from specjax.drafters.draft_model import committed_cache, propose_autoregressive, propose_tree
 from specjax.engine.loop import prefill
 from specjax.models import KVCache, ModelConfig
 
@@ -75,4 +75,7 @@ class LayerSkip(Drafter):
         return proposal, LayerSkipState(cache=cache)
 
     def update_tree(self, weights, state: LayerSkipState, ctx: DraftContext, src, dst, num_accepted):
-        return LayerSkipState(cache=state.cache.move(src, dst))
+        return self.update(weights, LayerSkipState(cache=state.cache.move(src, dst)), ctx, num_accepted)
+
+    def update(self, weights, state: LayerSkipState, ctx: DraftContext, num_accepted):
+        return LayerSkipState(cache=committed_cache(state.cache, ctx))

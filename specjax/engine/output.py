@@ -12,6 +12,8 @@ import jax
 import numpy as np
 from jax import monitoring
 
+from specjax.parallel.placement import gather_rows
+
 
 @dataclasses.dataclass(frozen=True)
 class GenerationStats:
@@ -48,6 +50,9 @@ class GenerationStats:
     accepted_counts: list[int]
     per_row_mean_acceptance_length: list[float]
     drafter: dict = dataclasses.field(default_factory=dict)
+    # Adaptive speculation only: the K set, rounds per K, plain steps, and per round the K
+    # chosen and the estimated acceptance of position 1 (engine/adaptive.py).
+    adaptive: dict | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -144,7 +149,7 @@ class PreparedGeneration:
         return self.launch_fn(n)
 
     def collect(self, state) -> GenerationOutput:
-        out = self.collect_fn(state)
+        out = self.collect_fn(gather_rows(state))  # multi-host: rows other processes hold (specjax/parallel)
         return out if self.tokenizer is None else out.with_text(self.tokenizer)
 
     def run(self, max_new_tokens: int | None = None) -> GenerationOutput:

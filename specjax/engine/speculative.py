@@ -19,6 +19,7 @@ import numpy as np
 
 from specjax.drafters import Drafter, as_drafter
 from specjax.engine.acceptance import AcceptanceRule, default_rule
+from specjax.engine.adaptive import AdaptiveConfig, adaptive_round, adaptive_stats, init_adaptive, resolve_adaptive
 from specjax.engine.loop import DEFAULT_CACHE, CacheConfig, commit, gather_tokens, prefill, token_buffer
 from specjax.engine.output import GenerationOutput, PreparedGeneration, collect_output
 from specjax.engine.prompts import prepare_prompts
@@ -33,7 +34,10 @@ from specjax.trees.tree import Tree
 
 def speculative_round(target_params, draft_weights, state: SpecState) -> SpecState:
     """One round as a pure function of the parameters and the loop state (the while-loop body):
-    a chain round, or a tree round (tree_round.py) when the plan has a tree."""
+    a chain round, a tree round (tree_round.py) when the plan has a tree, or a round whose K
+    the adaptive policy (adaptive.py) picks."""
+    if state.plan.adaptive is not None:
+        return adaptive_round(target_params, draft_weights, state, chain_round)
     if state.plan.tree is not None:
         return tree_round(target_params, draft_weights, state)
     return chain_round(target_params, draft_weights, state)
@@ -85,9 +89,16 @@ def chain_round(target_params, draft_weights, state: SpecState) -> SpecState:
         draft_state=plan.drafter.update(draft_weights, draft_state, after, num_accepted),
         rng=rng,
         row_rounds=state.row_rounds + live.astype(jnp.int32),
-        accepted_at=state.accepted_at + ((j[:, :k] < num_accepted[:, None]) & live[:, None]).astype(jnp.int32),
+        accepted_at=state.accepted_at + _accepted_positions(state.accepted_at, num_accepted, live),
         forwards=state.forwards + 1,
     )
+
+
+def _accepted_positions(accepted_at, num_accepted, live):
+    """[B, W] int32: 1 where draft position i < num_accepted of a live row. W may exceed this
+    round's K (adaptive speculation keeps K_MAX columns); num_accepted <= K fills the rest with 0."""
+    i = jnp.arange(accepted_at.shape[1])[None, :]
+    return ((i < num_accepted[:, None]) & live[:, None]).astype(jnp.int32)
 
 
 def init_state(
@@ -101,11 +112,12 @@ def init_state(
     plan,
     cache_length,
     done=None,
+    costs=None,
 ):
     """Prefill the target, set up the drafter, and return the state before the first round.
 
     `done` [B] bool marks rows finished from the start (padding rows of a batch bucket);
-    None: every row generates.
+    None: every row generates. `costs` [n]: seconds per iteration at each adaptive K.
     """
     batch = prompt.shape[0]
     wants = plan.drafter.needs_features
@@ -127,6 +139,10 @@ def init_state(
     filled = prefill(plan.target, target_params, prompt, prompt_lengths, cache_length, plan.cache, features=wants)
     target_cache, features = filled if wants else (filled, None)  # features [B, T_bucket, D]
     state = state.replace(target_cache=target_cache)
+    if plan.adaptive is not None:
+        # A round commits at least one token per live row, so cache_length bounds the rounds.
+        k_max = plan.num_speculative_tokens
+        state = state.replace(adaptive=init_adaptive(costs, batch, k_max, max_rounds=cache_length))
     ctx = draft_context(state, target_params).replace(features=features)
     return state.replace(draft_state=plan.drafter.init(draft_weights, ctx, prompt, cache_length))
 
@@ -137,7 +153,17 @@ _jit_round = jax.jit(speculative_round, donate_argnums=2)
 
 @functools.partial(jax.jit, static_argnames=("plan", "cache_length"))
 def _generate(
-    target_params, draft_weights, prompt, prompt_lengths, done, max_new_tokens, eos_token_id, rng, plan, cache_length
+    target_params,
+    draft_weights,
+    prompt,
+    prompt_lengths,
+    done,
+    max_new_tokens,
+    eos_token_id,
+    rng,
+    costs,
+    plan,
+    cache_length,
 ):
     state = init_state(
         target_params,
@@ -150,6 +176,7 @@ def _generate(
         plan,
         cache_length,
         done,
+        costs,
     )
 
     def cond_fn(state):
@@ -173,8 +200,9 @@ def _prepare(
     rule,
     cache_config,
     tree=None,
+    adaptive=False,
 ):
-    """(prompt batch, plan, the drafter's weights) after checking every argument."""
+    """(prompt batch, plan, the drafter's weights, adaptive costs or None) after checking every argument."""
     sampling = SamplingConfig(temperature, top_k, top_p)
     drafter = as_drafter(draft)
     if tree is not None:
@@ -197,7 +225,8 @@ def _prepare(
         cache=cache_config or DEFAULT_CACHE,
         tree=tree,
     )
-    return batch, plan, drafter.weights()
+    plan, costs = resolve_adaptive(adaptive, plan, target, drafter, batch)
+    return batch, plan, drafter.weights(), costs
 
 
 def init_speculative_state(
@@ -214,6 +243,7 @@ def init_speculative_state(
     rule: AcceptanceRule | None = None,
     cache_config: CacheConfig | None = None,
     tree: Tree | None = None,
+    adaptive: bool | AdaptiveConfig = False,
 ) -> SpecState:
     """Prefill both models and return the state before the first round.
 
@@ -222,7 +252,7 @@ def init_speculative_state(
     exactly the caller's rows (no batch-bucket padding), so its arrays and `state_output`
     read row for row.
     """
-    batch, plan, weights = _prepare(
+    batch, plan, weights, costs = _prepare(
         target,
         draft,
         prompts,
@@ -234,6 +264,7 @@ def init_speculative_state(
         rule,
         cache_config,
         tree,
+        adaptive,
     )
     prompt, prompt_lengths, done, eos, rng = batch.loop_inputs(eos_token_id, seed, padded=False)
     return _jit_init_state(
@@ -247,6 +278,7 @@ def init_speculative_state(
         plan=plan,
         cache_length=batch.cache_length,
         done=done,
+        costs=costs,
     )
 
 
@@ -291,7 +323,10 @@ def state_output(state: SpecState, num_rows: int | None = None) -> GenerationOut
     )
     counters = {k: int(np.sum(np.asarray(v)[:num_rows])) for k, v in drafter_stats.items()}
     drafter = {"kind": state.plan.drafter.name, **counters}
-    return dataclasses.replace(out, stats=dataclasses.replace(out.stats, drafter=drafter))
+    stats = dataclasses.replace(out.stats, drafter=drafter)
+    if state.plan.adaptive is not None:
+        stats = adaptive_stats(stats, state, num_rows)
+    return dataclasses.replace(out, stats=stats)
 
 
 def prepare_speculative_generate(
@@ -308,9 +343,10 @@ def prepare_speculative_generate(
     rule: AcceptanceRule | None = None,
     cache_config: CacheConfig | None = None,
     tree: Tree | None = None,
+    adaptive: bool | AdaptiveConfig = False,
 ) -> PreparedGeneration:
     """Check and pad the inputs of `speculative_generate` once; run them (repeatedly) later."""
-    batch, plan, weights = _prepare(
+    batch, plan, weights, costs = _prepare(
         target,
         draft,
         prompts,
@@ -322,6 +358,7 @@ def prepare_speculative_generate(
         rule,
         cache_config,
         tree,
+        adaptive,
     )
     prompt, prompt_lengths, done, eos, rng = batch.loop_inputs(eos_token_id, seed)
 
@@ -335,6 +372,7 @@ def prepare_speculative_generate(
             jnp.int32(n),
             eos,
             rng,
+            costs,
             plan=plan,
             cache_length=batch.cache_length,
         )
@@ -364,6 +402,7 @@ def speculative_generate(
     rule: AcceptanceRule | None = None,
     cache_config: CacheConfig | None = None,
     tree: Tree | None = None,
+    adaptive: bool | AdaptiveConfig = False,
 ) -> GenerationOutput:
     """Speculative decoding of a ragged batch with `draft` proposing for `target`.
 
@@ -393,4 +432,5 @@ def speculative_generate(
         rule,
         cache_config,
         tree,
+        adaptive,
     ).run()

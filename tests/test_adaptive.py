@@ -1,0 +1,207 @@
+"""Adaptive speculation: exact output whatever K the policy picks, the policy's choices on
+synthetic inputs, the draft cache after plain steps, and one compiled program."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import RAGGED_PROMPTS, TARGET_CONFIG, scaled_model
+from test_compile import _generation_compiles, compiles  # noqa: F401 (a fixture)
+from test_drafters import PROMPTS, SAMPLE_PROMPT, VOCAB8, two_sample_p_value
+from test_heads import random_eagle, random_heads
+
+import specjax
+from specjax.drafters import DraftContext
+from specjax.drafters.draft_model import resync
+from specjax.engine.acceptance import always_accept_rule
+from specjax.engine.adaptive import AdaptiveState, choose, expected_tokens, init_adaptive, policy
+from specjax.engine.loop import prefill, token_buffer
+from specjax.engine.sampling import SamplingConfig
+
+NEW = 24
+# Costs under which the policy keeps switching: K = 0 wins the argmax unless the draft
+# always agrees, and probe_budget=1 probes with K = 1 after every plain step.
+SWITCHING = specjax.AdaptiveConfig(ks=(0, 1, 2), costs={0: 1.0, 1: 2.0, 2: 100.0}, probe_budget=1.0)
+# Costs of a cheap draft: speculating pays as soon as the draft is accepted at all.
+CHEAP = specjax.AdaptiveConfig(costs={0: 1.0, 1: 1.1, 2: 1.2, 4: 1.4})
+
+
+def _drafters(noisy_draft, small_draft, target):
+    return {
+        "draft_model": specjax.DraftModel(noisy_draft),
+        "prompt_lookup": specjax.PromptLookup(),
+        "layer_skip": specjax.LayerSkip(layers=1),
+        "lookup_then_model": specjax.Fallback(specjax.PromptLookup(), specjax.DraftModel(small_draft)),
+        "medusa": random_heads(TARGET_CONFIG, num_heads=4, seed=0, scale=0.5),
+        "eagle": random_eagle(target, seed=0, scale=8.0),
+    }
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    return specjax.generate(target, PROMPTS, max_new_tokens=NEW)
+
+
+@pytest.mark.parametrize(
+    ("name", "config"),
+    [
+        *[(name, "switching") for name in ("draft_model", "prompt_lookup", "layer_skip", "lookup_then_model")],
+        *[(name, "switching") for name in ("medusa", "eagle")],
+        ("draft_model", "cheap"),
+        ("eagle", "cheap"),
+    ],
+)
+def test_adaptive_greedy_equals_plain_greedy(target, noisy_draft, small_draft, plain, name, config):
+    drafter = _drafters(noisy_draft, small_draft, target)[name]
+    adaptive = {"cheap": CHEAP, "switching": SWITCHING}[config]
+    out = specjax.speculative_generate(
+        target, drafter, PROMPTS, num_speculative_tokens=4 if config == "cheap" else 2, max_new_tokens=NEW,
+        adaptive=adaptive,
+    )  # fmt: skip
+    assert out.tokens == plain.tokens
+    s, policy_stats = out.stats, out.stats.adaptive
+    assert sum(policy_stats["rounds_per_k"].values()) == len(policy_stats["chosen_k"]) == s.target_forwards
+    assert s.drafted_tokens <= 4 * s.rounds
+    if config == "switching":
+        assert set(policy_stats["chosen_k"]) == {0, 1, 2}  # the first round, plain steps and probes
+        assert policy_stats["plain_steps"] > 0
+
+
+def test_choose_prefers_plain_for_a_draft_that_never_agrees_and_k_max_for_one_that_always_does():
+    ks = (0, 1, 2, 4, 8)
+    costs = jnp.asarray([1.0, 1.2, 1.5, 1.8, 2.6])
+    live = jnp.ones((3,), bool)
+    assert int(choose(jnp.zeros((3, 8)), live, costs, ks)) == 0
+    assert int(choose(jnp.ones((3, 8)), live, costs, ks)) == len(ks) - 1
+    # In between, the argmax of expected tokens per second: alpha = 0.5 everywhere gives
+    # 1, 1.5, 1.75, 1.94, 2.0 tokens; per second 1, 1.25, 1.17, 1.08, 0.77 -> K = 1.
+    np.testing.assert_allclose(expected_tokens(jnp.full((1, 8), 0.5), ks)[0], [1, 1.5, 1.75, 1.9375, 1.99609375])
+    assert int(choose(jnp.full((3, 8), 0.5), live, costs, ks)) == 1
+    # Finished rows do not count: one live row that never agrees decides.
+    alpha = jnp.concatenate([jnp.ones((2, 8)), jnp.zeros((1, 8))])
+    assert int(choose(alpha, jnp.asarray([False, False, True]), costs, ks)) == 0
+
+
+def test_policy_explores_first_and_probes_a_switched_off_draft_within_its_budget():
+    config = specjax.AdaptiveConfig(ks=(0, 1, 4), probe_budget=0.05).resolved(4)
+    ad = init_adaptive(config.cost_vector({0: 1.0, 1: 1.5, 4: 2.0}), batch=2, k_max=4, max_rounds=8)
+    live = jnp.ones((2,), bool)
+    assert int(policy(ad, config, live)) == 2  # round 0 drafts K_MAX
+    never = ad.replace(round=jnp.int32(5), tries=jnp.full((2, 4), 50.0))  # 50 tries, no hits
+    assert int(policy(never, config, live)) == 0
+    # (1.5 - 1) / (0.05 * 1) = 10 plain steps between probes, and the probe is the cheapest K > 0.
+    assert int(policy(never.replace(plain_run=jnp.int32(9)), config, live)) == 0
+    assert int(policy(never.replace(plain_run=jnp.int32(10)), config, live)) == 1
+    always = ad.replace(round=jnp.int32(5), tries=jnp.full((2, 4), 50.0), hits=jnp.full((2, 4), 50.0))
+    assert int(policy(always, config, live)) == 2
+    assert isinstance(ad, AdaptiveState)
+
+
+def test_policy_picks_plain_for_a_random_draft_and_k_max_for_a_perfect_one(target):
+    random_draft = scaled_model(TARGET_CONFIG, seed=9)
+    out = specjax.speculative_generate(target, random_draft, RAGGED_PROMPTS, 4, max_new_tokens=40, adaptive=CHEAP)
+    ks = out.stats.adaptive["rounds_per_k"]
+    assert ks[0] > 0.6 * sum(ks.values()), ks
+    perfect = specjax.speculative_generate(target, target, RAGGED_PROMPTS, 4, max_new_tokens=40, adaptive=CHEAP)
+    ks = perfect.stats.adaptive["rounds_per_k"]
+    assert ks[4] == sum(ks.values()), ks
+    assert perfect.stats.accepted_per_position == [1.0] * 4
+
+
+def test_draft_cache_catches_up_after_any_number_of_plain_steps(small_draft):
+    """resync: a draft cache that saw only the prompt equals, below the committed length
+    minus the catch-up width, the cache of a prefill of everything committed since."""
+    config, params = small_draft.config, small_draft.params
+    rows = np.asarray(jax.random.randint(jax.random.key(0), (2, 40), 0, config.vocab_size), np.int32)
+    prompt_lengths = jnp.asarray([5, 9], jnp.int32)
+    lengths = jnp.asarray([37, 21], jnp.int32)
+    cache_length = 48
+    cache = prefill(config, params, jnp.asarray(rows[:, :9]), prompt_lengths, cache_length)
+    ctx = DraftContext(
+        tokens=token_buffer(jnp.asarray(rows), cache_length),
+        lengths=lengths,
+        prompt_lengths=prompt_lengths,
+        done=jnp.zeros((2,), bool),
+        target_params=None,
+        target=config,
+        num_speculative_tokens=2,
+        sampling=SamplingConfig(),
+    )
+    width = 2
+    synced = resync(config, params, cache, ctx, width)
+    reference = prefill(config, params, jnp.asarray(rows[:, :37]), lengths, cache_length)
+    assert np.all(np.asarray(synced.lengths) >= np.asarray(lengths) - width)
+    for row in range(2):
+        valid = int(lengths[row]) - width
+        np.testing.assert_allclose(synced.k[:, row, :valid], reference.k[:, row, :valid], atol=1e-5)
+        np.testing.assert_allclose(synced.v[:, row, :valid], reference.v[:, row, :valid], atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def pair8():
+    target = scaled_model(VOCAB8.replace(num_hidden_layers=3), seed=0, scale=6.0)
+    draft = scaled_model(VOCAB8.replace(num_hidden_layers=1), seed=5, scale=6.0)
+    return target, draft
+
+
+SAMPLES = 6000
+
+
+@pytest.mark.parametrize("rule_name", ["exact", "always_accept"])
+def test_sampling_with_k_switching_between_rounds_follows_the_target(pair8, rule_name):
+    """T = 1, rounds of K = 2, 0, 1, ... (SWITCHING): the joint of the first three tokens
+    matches plain sampling; the same policy with a rule that accepts every draft fails."""
+    target, draft = pair8
+    kwargs = dict(max_new_tokens=3, temperature=1.0)
+    plain = specjax.generate(target, [SAMPLE_PROMPT] * SAMPLES, seed=11, **kwargs)
+    rule = None if rule_name == "exact" else always_accept_rule
+    out = specjax.speculative_generate(
+        target, draft, [SAMPLE_PROMPT] * SAMPLES, 2, seed=1, rule=rule, adaptive=SWITCHING, **kwargs
+    )
+
+    def joint(tokens):
+        tokens = np.asarray(tokens)
+        return (tokens[:, 0] * 8 + tokens[:, 1]) * 8 + tokens[:, 2]
+
+    p_value = two_sample_p_value(joint(out.tokens), joint(plain.tokens))
+    if rule_name == "exact":
+        assert out.stats.adaptive["chosen_k"][:3] == [2, 0, 1]
+        assert p_value > 1e-3
+    else:  # (every draft accepted: the first round yields all three tokens)
+        assert p_value < 1e-8
+
+
+def test_second_adaptive_call_compiles_nothing(target, noisy_draft, compiles):  # noqa: F811
+    specjax.speculative_generate(target, noisy_draft, RAGGED_PROMPTS, 4, max_new_tokens=12, adaptive=CHEAP)
+    first = len(_generation_compiles(compiles))
+    assert first >= 1
+    other_costs = specjax.AdaptiveConfig(costs={0: 1.0, 1: 3.0, 2: 3.5, 4: 4.0})
+    out = specjax.speculative_generate(target, noisy_draft, RAGGED_PROMPTS, 4, max_new_tokens=12, adaptive=other_costs)
+    assert len(_generation_compiles(compiles)) == first  # costs are arrays, not part of the program
+    assert out.stats.adaptive["costs_seconds"] == [1.0, 3.0, 3.5, 4.0]
+
+
+def test_measured_costs_are_cached_per_shape(target, noisy_draft, plain):
+    from specjax.bench import round_costs
+
+    out = specjax.speculative_generate(target, noisy_draft, PROMPTS, 2, max_new_tokens=NEW, adaptive=True)
+    assert out.tokens == plain.tokens
+    costs = out.stats.adaptive["costs_seconds"]
+    assert len(costs) == 3 and all(c > 0 for c in costs)
+    measured = len(round_costs._TABLE._seconds)
+    again = specjax.speculative_generate(target, noisy_draft, PROMPTS, 2, max_new_tokens=NEW, adaptive=True)
+    assert len(round_costs._TABLE._seconds) == measured
+    assert again.stats.adaptive["costs_seconds"] == costs
+
+
+def test_adaptive_errors(target, noisy_draft):
+    with pytest.raises(ValueError, match="exceed num_speculative_tokens=2"):
+        specjax.speculative_generate(target, noisy_draft, PROMPTS, 2, adaptive=specjax.AdaptiveConfig(ks=(0, 4)))
+    with pytest.raises(ValueError, match=r"lack K=\[1, 2, 4\]"):
+        specjax.speculative_generate(target, noisy_draft, PROMPTS, 4, adaptive=specjax.AdaptiveConfig(costs={0: 1.0}))
+    with pytest.raises(ValueError, match="decay must lie in"):
+        specjax.AdaptiveConfig(decay=1.0)
+    with pytest.raises(ValueError, match="pass no tree"):
+        specjax.speculative_generate(target, noisy_draft, PROMPTS, tree=specjax.Tree.chain(2), adaptive=CHEAP)
