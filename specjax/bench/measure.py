@@ -40,6 +40,7 @@ class RunSpec:
     num_speculative_tokens: int = 0  # 0 for plain decoding
     temperature: float = 0.0
     drafter: str = DRAFT  # which of the workload's drafters proposes ("none" for plain decoding)
+    adaptive: bool = False  # each round picks K <= num_speculative_tokens (engine/adaptive.py)
 
     @property
     def plain(self) -> RunSpec:
@@ -93,6 +94,7 @@ class Workload:
             self.drafters[spec.drafter],
             prompts,
             num_speculative_tokens=spec.num_speculative_tokens,
+            adaptive=spec.adaptive,
             **common,
         )
 
@@ -133,6 +135,21 @@ def drafter_counters(stats: list[GenerationStats]) -> dict[str, int]:
             if name != "kind":
                 out[name] = out.get(name, 0) + int(value)
     return out
+
+
+def adaptive_counters(stats: list[GenerationStats]) -> dict:
+    """What the adaptive policy did over several requests: rounds per K (summed), plain steps,
+    and its mean K per round (the K of each round, not per row)."""
+    rounds_per_k: dict[int, int] = {}
+    for s in stats:
+        for k, n in s.adaptive["rounds_per_k"].items():
+            rounds_per_k[k] = rounds_per_k.get(k, 0) + n
+    total = sum(rounds_per_k.values())
+    return {
+        "adaptive_rounds_per_k": rounds_per_k,
+        "adaptive_plain_steps": sum(s.adaptive["plain_steps"] for s in stats),
+        "adaptive_mean_k": sum(k * n for k, n in rounds_per_k.items()) / total if total else 0.0,
+    }
 
 
 def acceptance(workload: Workload, k: int, temperature: float, drafter: str = DRAFT) -> dict[str, dict]:
@@ -182,6 +199,8 @@ def _row(spec: RunSpec, latency, first, outputs, tpot_target_ms, max_new_tokens)
     else:
         counters = drafter_counters([out.stats for out in outputs])
         row.update(drafter_kind=outputs[0].stats.drafter.get("kind"), drafter_counters=counters)
+        if spec.adaptive:
+            row.update(adaptive=True, **adaptive_counters([out.stats for out in outputs]))
         no_match = [v for name, v in counters.items() if name.endswith("no_match_rounds")]
         if no_match:  # prompt lookup (also inside a combinator): rounds it had nothing to propose
             row.update(no_match_rounds=sum(no_match), no_match_share=sum(no_match) / max(stats["rounds"], 1))
@@ -233,3 +252,14 @@ def measure(workload: Workload, specs: list[RunSpec], repeats: int, warmup: int,
         if spec.temperature == 0.0:  # greedy speculation must reproduce plain greedy exactly
             row["output_matches_plain"] = tokens[spec, category] == tokens[base]
     return list(rows.values())
+
+
+def adaptive_specs_for(specs: list[RunSpec]) -> list[RunSpec]:
+    """`adaptive: true` in a bench config: one adaptive twin per (batch, temperature, drafter)
+    of its speculative specs, with K_MAX the largest K among them."""
+    groups: dict[tuple, int] = {}
+    for s in specs:
+        if s.method == "speculative" and not s.adaptive:
+            key = (s.batch_size, s.temperature, s.drafter)
+            groups[key] = max(groups.get(key, 0), s.num_speculative_tokens)
+    return [dataclasses.replace(RunSpec("speculative", b, k, t, d), adaptive=True) for (b, t, d), k in groups.items()]

@@ -15,7 +15,10 @@ so each round's tokens are still distributed exactly as the target's.
 The estimate is a Beta posterior over exponentially forgotten counts: hits and tries decay
 by `decay` every round that drafts, so a draft whose agreement shifts mid-generation
 (code turning into prose, a passage that starts repeating) is followed within about
-1 / (1 - decay) rounds. Two rounds are not the argmax's to choose:
+1 / (1 - decay) rounds. The argmax is taken over one draw from each posterior (Thompson
+sampling), not over its mean: a draft judged on one unlucky round still gets tried while
+its posterior is wide, and a draft that failed many times is almost never tried again.
+Two rounds are not the argmax's to choose:
   - the first round drafts K_MAX, so every position gets evidence before the prior decides;
   - after a run of P plain steps the policy probes the draft with the cheapest K > 0, where
     P = ceil((cost(probe) - cost(0)) / (probe_budget * cost(0))): a draft that never agrees
@@ -53,6 +56,8 @@ class AdaptiveConfig:
       weight in rounds.
     probe_budget: the share of plain decoding's time that probing a switched-off draft
       may cost (it sets how often the policy probes).
+    thompson: choose by a draw from the posterior (True) or by its mean (False: greedy,
+      deterministic, and slow to recover from an unlucky start).
     """
 
     ks: tuple[int, ...] | None = None
@@ -61,6 +66,7 @@ class AdaptiveConfig:
     prior: float = 0.5
     prior_weight: float = 1.0
     probe_budget: float = 0.03
+    thompson: bool = True
 
     def __post_init__(self):
         if self.ks is not None:
@@ -133,10 +139,14 @@ def init_adaptive(costs, batch: int, k_max: int, max_rounds: int) -> AdaptiveSta
     )
 
 
-def acceptance_estimate(ad: AdaptiveState, config: AdaptiveConfig) -> jax.Array:
-    """[B, K_MAX]: the posterior mean of each row's per-position acceptance."""
+def acceptance_estimate(ad: AdaptiveState, config: AdaptiveConfig, key=None) -> jax.Array:
+    """[B, K_MAX]: each row's per-position acceptance, the posterior mean (key None) or one
+    draw from the posterior Beta(hits + a, misses + b)."""
     a = config.prior * config.prior_weight
-    return (ad.hits + a) / (ad.tries + config.prior_weight)
+    b = config.prior_weight - a
+    if key is None:
+        return (ad.hits + a) / (ad.tries + config.prior_weight)
+    return jax.random.beta(key, ad.hits + a, ad.tries - ad.hits + b)
 
 
 def expected_tokens(alpha, ks) -> jax.Array:
@@ -153,14 +163,14 @@ def choose(alpha, live, costs, ks) -> jax.Array:
     return jnp.argmax(tokens / costs).astype(jnp.int32)
 
 
-def policy(ad: AdaptiveState, config: AdaptiveConfig, live) -> jax.Array:
+def policy(ad: AdaptiveState, config: AdaptiveConfig, live, key) -> jax.Array:
     """[] int32: the index into config.ks of this round's K (see the module docstring)."""
     ks = config.ks
-    index = choose(acceptance_estimate(ad, config), live, ad.costs, ks)
+    index = choose(acceptance_estimate(ad, config, key if config.thompson else None), live, ad.costs, ks)
     if ks[0] != 0:  # no plain steps, nothing to probe
         return jnp.where(ad.round == 0, len(ks) - 1, index)
-    probe_every = jnp.ceil((ad.costs[1] - ad.costs[0]) / (config.probe_budget * ad.costs[0]))
-    index = jnp.where(ad.plain_run >= probe_every, 1, index)
+    probe_every = jnp.maximum(jnp.ceil((ad.costs[1] - ad.costs[0]) / (config.probe_budget * ad.costs[0])), 1)
+    index = jnp.where((index == 0) & (ad.plain_run >= probe_every), 1, index)
     return jnp.where(ad.round == 0, len(ks) - 1, index).astype(jnp.int32)
 
 
@@ -220,7 +230,9 @@ def adaptive_round(target_params, draft_weights, state: SpecState, chain_round) 
     config, ad = state.plan.adaptive, state.adaptive
     ks = config.ks
     live = ~state.done
-    index = policy(ad, config, live)
+    rng, key = jax.random.split(state.rng)
+    state = state.replace(rng=rng)
+    index = policy(ad, config, live, key)
     branches = [functools.partial(_branch, k, chain_round) for k in ks]
     new = jax.lax.switch(index, branches, target_params, draft_weights, state)
 

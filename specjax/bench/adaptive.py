@@ -1,0 +1,167 @@
+"""E11: adaptive speculation against plain decoding and every static K, side by side.
+
+Four scenarios, each timed round-robin with its plain baseline (bench/measure.py), so every
+ratio below is measured in one run:
+  1. random: a random-weight draft of the pair's draft shape (acceptance near 0): adaptive
+     should stay >= 0.95x plain, while a static K = `random_k` pays for rejected drafts.
+  2. pair: the bench's pair at batch 1: adaptive against the best static K of `static_ks`
+     (the E3 sweep, in the same run): aim >= 0.97x.
+  3. batch: every other batch size of `batch_sizes` (batch 1 is scenario 2): adaptive
+     against max(plain, best static K): aim >= 0.95x.
+  4. shift: prompts whose acceptance shifts mid-generation (default: code that repeats a
+     block, which prompt lookup copies, then goes on with new code), with `shift_drafter`:
+     adaptive should beat every static K.
+Adaptive runs use K_MAX = `k_max` and measure their own round costs at each shape
+(bench/round_costs.py). Rows carry the policy's rounds per K; `trajectory` holds the K it
+chose and its estimate of position-1 acceptance, round by round, for the first shift prompt.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from specjax.bench.context import BenchContext
+from specjax.bench.measure import DRAFT, RunSpec, Workload, pooled
+from specjax.bench.prompts import load_prompts
+from specjax.drafters import DraftModel
+from specjax.engine.speculative import prepare_speculative_generate
+from specjax.io.model import init_model
+
+AIMS = {"random": 0.95, "pair": 0.97, "batch": 0.95}
+
+
+def _static(batch: int, ks, temperature: float, drafter: str = DRAFT) -> list[RunSpec]:
+    return [RunSpec("speculative", batch, k, temperature, drafter) for k in ks]
+
+
+def _adaptive(batch: int, k_max: int, temperature: float, drafter: str = DRAFT) -> RunSpec:
+    return RunSpec("speculative", batch, k_max, temperature, drafter, adaptive=True)
+
+
+def _compare(rows: list[dict], scenario: str, batch: int) -> dict:
+    """Pooled speedups of one scenario at one batch size: plain = 1, each static K, adaptive."""
+    rows = [r for r in pooled(rows) if r["batch_size"] == batch]
+    spec = [r for r in rows if r["method"] == "speculative"]
+    static = {r["num_speculative_tokens"]: r["speedup_vs_plain"] for r in spec if not r.get("adaptive")}
+    adaptive = next(r for r in rows if r.get("adaptive"))
+    best_k = max(static, key=static.get)
+    best = max(1.0, static[best_k]) if scenario != "pair" else static[best_k]
+    out = {
+        "scenario": scenario,
+        "batch_size": batch,
+        "adaptive_speedup_vs_plain": adaptive["speedup_vs_plain"],
+        "adaptive_speedup_vs_plain_paired": adaptive["speedup_vs_plain_paired"],
+        "static_speedups": static,
+        "best_static_k": best_k,
+        "adaptive_vs_best": adaptive["speedup_vs_plain"] / best,
+        "adaptive_rounds_per_k": adaptive["adaptive_rounds_per_k"],
+        "adaptive_mean_k": adaptive["adaptive_mean_k"],
+    }
+    if scenario in AIMS:
+        out["aim"] = AIMS[scenario]
+        out["meets_aim"] = out["adaptive_vs_best"] >= AIMS[scenario]
+    else:  # shift: beat every static K
+        out["meets_aim"] = adaptive["speedup_vs_plain"] > max(static.values())
+    return out
+
+
+def _label(rows: list[dict], scenario: str) -> list[dict]:
+    for row in rows:
+        row["scenario"] = scenario
+    return rows
+
+
+def adaptive_sweep(ctx: BenchContext) -> dict:
+    cfg = ctx.config.adaptive_sweep
+    t, k_max, rows, comparisons = cfg.temperature, cfg.k_max, [], []
+
+    if cfg.random_draft:
+        if not isinstance(ctx.draft, DraftModel):
+            raise ValueError("adaptive_sweep.random_draft needs the bench's draft to be a model (its shape is reused)")
+        random = DraftModel(init_model(ctx.draft.config, seed=ctx.config.seed + 101))
+        workload = ctx.workload.with_drafters({"random": random})
+        specs = [*_static(1, [cfg.random_k], t, "random"), _adaptive(1, k_max, t, "random")]
+        found = _label(ctx.measure(specs, "E11 random draft", workload), "random")
+        rows += found
+        comparisons.append(_compare(found, "random", 1))
+
+    for batch in cfg.batch_sizes:
+        scenario = "pair" if batch == 1 else "batch"
+        specs = [*_static(batch, cfg.static_ks, t), _adaptive(batch, k_max, t)]
+        found = _label(ctx.measure(specs, f"E11 batch {batch}", ctx.workload), scenario)
+        rows += found
+        comparisons.append(_compare(found, scenario, batch))
+
+    trajectory = None
+    if cfg.shift_prompts is not None:
+        drafter = ctx.build_drafter(cfg.shift_drafter)
+        prompts = load_prompts(
+            [cfg.shift_prompts] if not isinstance(cfg.shift_prompts, list) else cfg.shift_prompts, ctx.target.tokenizer
+        )
+        workload = Workload(
+            ctx.target,
+            {"shift": drafter},
+            prompts.tokens,
+            prompts.categories,
+            ctx.config.max_new_tokens,
+            ctx.config.seed,
+        )
+        specs = [*_static(1, cfg.static_ks, t, "shift"), _adaptive(1, k_max, t, "shift")]
+        found = _label(ctx.measure(specs, "E11 shifting acceptance", workload), "shift")
+        rows += found
+        comparisons.append(_compare(found, "shift", 1))
+        first = prepare_speculative_generate(
+            ctx.target, drafter, prompts.tokens[:1], k_max, ctx.config.max_new_tokens, t, seed=ctx.config.seed,
+            adaptive=True,
+        ).run()  # fmt: skip
+        trajectory = {
+            "chosen_k": first.stats.adaptive["chosen_k"],
+            "estimate_position_1": first.stats.adaptive["estimate_position_1"],
+        }
+
+    return {
+        "claim": "choosing K each round from past acceptance and measured costs is never much slower than "
+        "plain decoding or the best static K, and beats every static K when acceptance shifts",
+        "rows": rows,
+        "comparisons": comparisons,
+        "trajectory": trajectory,
+        "summary": {
+            f"{c['scenario']} (batch {c['batch_size']})": {
+                "adaptive_vs_best": round(c["adaptive_vs_best"], 3),
+                "meets_aim": c["meets_aim"],
+            }
+            for c in comparisons
+        },
+    }
+
+
+def plot(result: dict, path, title: str):
+    """Adaptive and every static K as speedup vs plain, per scenario; the shift trajectory."""
+    comparisons = result["comparisons"]
+    panels = len(comparisons) + (result["trajectory"] is not None)
+    fig, axes = plt.subplots(1, panels, figsize=(3.2 * panels, 3.4), squeeze=False)
+    for ax, c in zip(axes[0], comparisons, strict=False):
+        labels = ["plain", *(f"K={k}" for k in c["static_speedups"]), "adaptive"]
+        values = [1.0, *c["static_speedups"].values(), c["adaptive_speedup_vs_plain"]]
+        colors = ["0.6"] * (len(values) - 1) + ["tab:red"]
+        ax.bar(range(len(values)), values, color=colors)
+        ax.set_xticks(range(len(values)), labels, rotation=60, fontsize=7)
+        ax.axhline(1.0, color="k", lw=0.5)
+        ax.set_title(f"{c['scenario']}, batch {c['batch_size']}", fontsize=9)
+        ax.set_ylabel("speedup vs plain")
+    if result["trajectory"] is not None:
+        ax = axes[0][-1]
+        traj = result["trajectory"]
+        ax.step(range(len(traj["chosen_k"])), traj["chosen_k"], where="post", label="K chosen")
+        ax.set_xlabel("round")
+        ax.set_ylabel("K")
+        twin = ax.twinx()
+        twin.plot(traj["estimate_position_1"], color="tab:orange", label="est. acceptance of position 1")
+        twin.set_ylim(0, 1)
+        ax.set_title("shift: the policy over one generation", fontsize=9)
+        ax.legend(loc="upper right", fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
