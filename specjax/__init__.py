@@ -8,9 +8,11 @@ The tree shows the architecture:
     io/         models in and out: Model, Hugging Face directories, tokenizer, presets
     training/   everything that updates params: data, training, distillation, runs
     bench/      `specjax bench`: experiments, timing, cost model, reports
+    parallel/   meshes: sharded params, caches and rows across devices and hosts (jax.sharding)
     models/     the model definitions (specjax.models), pure (params, tokens, positions, cache)
 """
 
+from specjax import distributed  # specjax.distributed.initialize(...): multi-host runs
 from specjax.drafters import (
     DraftContext,
     Drafter,
@@ -25,8 +27,8 @@ from specjax.drafters import (
     save_drafter,
 )
 from specjax.engine.acceptance import AcceptanceRule, greedy_rule, rejection_sampling_rule
-from specjax.engine.decode import DecodeState, generate, prepare_generate
 from specjax.engine.adaptive import AdaptiveConfig
+from specjax.engine.decode import DecodeState, generate, prepare_generate
 from specjax.engine.loop import CacheConfig
 from specjax.engine.output import GenerationOutput, GenerationStats, PreparedGeneration
 from specjax.engine.sampling import SamplingConfig, probabilities
@@ -42,6 +44,7 @@ from specjax.engine.speculative import (
 from specjax.io.hf import load_model, save_model
 from specjax.io.model import Model, init_model, logits
 from specjax.models import KVCache, ModelConfig, init_cache
+from specjax.parallel import make_mesh, shard_model
 from specjax.trees import Tree
 from specjax.trees.tune import measure_acceptance, tune_tree
 
@@ -49,9 +52,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AcceptanceRule",
+    "AdaptiveConfig",
     "CacheConfig",
     "DecodeState",
-    "AdaptiveConfig",
     "DraftContext",
     "DraftModel",
     "Drafter",
@@ -71,6 +74,7 @@ __all__ = [
     "SpecPlan",
     "SpecState",
     "Tree",
+    "distributed",
     "generate",
     "greedy_rule",
     "init_cache",
@@ -79,6 +83,7 @@ __all__ = [
     "load_drafter",
     "load_model",
     "logits",
+    "make_mesh",
     "measure_acceptance",
     "prepare_generate",
     "prepare_speculative_generate",
@@ -86,6 +91,7 @@ __all__ = [
     "rejection_sampling_rule",
     "save_drafter",
     "save_model",
+    "shard_model",
     "speculative_generate",
     "speculative_step",
     "state_output",

@@ -34,6 +34,7 @@ examples:
   specjax generate --prompt "def parse_args(" --drafter prompt-lookup -k 6
   specjax generate --prompt "def parse_args(" --drafter layer-skip:2
   specjax generate --prompt "def parse_args(" --tree medusa-like-64
+  specjax generate --prompt "def parse_args(" -k 8 --adaptive
   specjax generate --prompt "def parse_args(" --tree '[[0], [1], [0, 0], [1, 0], [0, 0, 0]]'
   specjax generate --prompt "x" --prompt "class Foo:" --temperature 1.0 --seed 3 --json
   specjax train --config configs/train_target.yaml --out runs/target
@@ -82,6 +83,12 @@ def _add_generate(subparsers) -> None:
         "chain:K, full:BRANCHING:DEPTH, or Medusa-style paths as YAML, e.g. '[[0], [1], [0, 0]]' "
         "(works with draft models and layer skip)",
     )
+    p.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="choose K each round (0 = a plain step, up to -k) from past acceptance and measured round costs; "
+        "output is unchanged (README 'Adaptive speculation')",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 = exact speculative sampling")
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (both models)")
@@ -101,6 +108,12 @@ def _add_generate(subparsers) -> None:
     )
     p.add_argument("--warmup", action="store_true", help="run once first so the timing excludes compilation")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument(
+        "--mesh",
+        default=None,
+        metavar="data=D,model=M",
+        help="shard over a device mesh: rows over 'data', tensor parallel over 'model' (see README 'Scaling out')",
+    )
     p.set_defaults(func=_generate)
 
 
@@ -116,12 +129,19 @@ def _generate(args) -> int:
     common = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, eos_token_id=eos, cache_config=cache, **sampling)
     draft = None if args.plain else _drafter(args, target)
     tree = None if args.tree is None or args.plain else Tree.from_spec(args.tree)
+    if args.mesh is not None:
+        from specjax.parallel.mesh import mesh_from
+        from specjax.parallel.shard import shard_pair
+
+        target, draft = shard_pair(target, draft, mesh_from(args.mesh))
 
     def run():
         if draft is None:
             return generate(target, prompts_text, **common)
         k = args.num_speculative_tokens
-        return speculative_generate(target, draft, prompts_text, num_speculative_tokens=k, tree=tree, **common)
+        return speculative_generate(
+            target, draft, prompts_text, num_speculative_tokens=k, tree=tree, adaptive=args.adaptive, **common
+        )
 
     if args.warmup:
         run()
@@ -134,6 +154,7 @@ def _generate(args) -> int:
         "tokens_per_second": out.stats.generated_tokens / seconds,
         "includes_compile": not args.warmup,
         "backend": jax.default_backend(),
+        "mesh": args.mesh,
     }
     if args.json:
         print(json.dumps({"text": texts, "tokens": out.tokens, "stats": out.stats.to_dict(), "timing": timing}))
@@ -143,6 +164,8 @@ def _generate(args) -> int:
     s = out.stats
     print("---")
     mode = "plain" if args.plain else f"speculative K={args.num_speculative_tokens}"
+    if args.adaptive and not args.plain:
+        mode = f"adaptive speculative K <= {args.num_speculative_tokens}"
     if tree is not None:
         mode = f"speculative tree of {tree.num_nodes} nodes, depth {tree.depth} (verify width {s.verify_width})"
     print(f"{mode}: {s.generated_tokens} tokens, {s.target_forwards} target forwards, {s.rounds} row-rounds")
@@ -152,6 +175,9 @@ def _generate(args) -> int:
         print(f"per-{'depth' if tree is not None else 'position'} acceptance [{per_pos}]")
         extra = ", ".join(f"{k} {v}" for k, v in s.drafter.items() if k != "kind")
         print(f"drafter {s.drafter.get('kind')}" + (f": {extra}" if extra else ""))
+        if s.adaptive is not None:
+            chosen = ", ".join(f"K={k}: {n}" for k, n in s.adaptive["rounds_per_k"].items())
+            print(f"adaptive rounds per K: {chosen} (plain steps {s.adaptive['plain_steps']})")
     compile_note = "including compilation" if not args.warmup else "after warm-up"
     rate = timing["tokens_per_second"]
     print(f"{seconds:.3f} s ({compile_note}), {rate:.1f} tokens/s on {jax.default_backend()}")

@@ -72,32 +72,53 @@ def test_adaptive_greedy_equals_plain_greedy(target, noisy_draft, small_draft, p
 
 def test_choose_prefers_plain_for_a_draft_that_never_agrees_and_k_max_for_one_that_always_does():
     ks = (0, 1, 2, 4, 8)
+    groups = (0,) * len(ks)
     costs = jnp.asarray([1.0, 1.2, 1.5, 1.8, 2.6])
     live = jnp.ones((3,), bool)
-    assert int(choose(jnp.zeros((3, 8)), live, costs, ks)) == 0
-    assert int(choose(jnp.ones((3, 8)), live, costs, ks)) == len(ks) - 1
+    assert int(choose(jnp.zeros((1, 3, 8)), live, costs, ks, groups)) == 0
+    assert int(choose(jnp.ones((1, 3, 8)), live, costs, ks, groups)) == len(ks) - 1
     # In between, the argmax of expected tokens per second: alpha = 0.5 everywhere gives
     # 1, 1.5, 1.75, 1.94, 2.0 tokens; per second 1, 1.25, 1.17, 1.08, 0.77 -> K = 1.
-    np.testing.assert_allclose(expected_tokens(jnp.full((1, 8), 0.5), ks)[0], [1, 1.5, 1.75, 1.9375, 1.99609375])
-    assert int(choose(jnp.full((3, 8), 0.5), live, costs, ks)) == 1
+    half = jnp.full((1, 1, 8), 0.5)
+    np.testing.assert_allclose(expected_tokens(half, ks, groups)[0], [1, 1.5, 1.75, 1.9375, 1.99609375])
+    assert int(choose(jnp.full((1, 3, 8), 0.5), live, costs, ks, groups)) == 1
     # Finished rows do not count: one live row that never agrees decides.
-    alpha = jnp.concatenate([jnp.ones((2, 8)), jnp.zeros((1, 8))])
-    assert int(choose(alpha, jnp.asarray([False, False, True]), costs, ks)) == 0
+    alpha = jnp.concatenate([jnp.ones((1, 2, 8)), jnp.zeros((1, 1, 8))], axis=1)
+    assert int(choose(alpha, jnp.asarray([False, False, True]), costs, ks, groups)) == 0
+    # Trees read their own estimate (group) over their depth: a plain step, a deep narrow
+    # tree (group 1, depth 4) whose estimate is poor, a shallow wide one (group 2, depth 2) that is good.
+    alpha = jnp.stack([jnp.zeros((3, 4)), jnp.full((3, 4), 0.2), jnp.full((3, 4), 0.9)])
+    assert int(choose(alpha, live, jnp.asarray([1.0, 1.5, 1.5]), (0, 4, 2), (0, 1, 2))) == 2
 
 
 def test_policy_explores_first_and_probes_a_switched_off_draft_within_its_budget():
     config = specjax.AdaptiveConfig(ks=(0, 1, 4), probe_budget=0.05).resolved(4)
-    ad = init_adaptive(config.cost_vector({0: 1.0, 1: 1.5, 4: 2.0}), batch=2, k_max=4, max_rounds=8)
+    ad = init_adaptive(config.cost_vector({0: 1.0, 1: 1.5, 4: 2.0}), batch=2, width=4, max_rounds=8)
     live = jnp.ones((2,), bool)
     assert int(policy(ad, config, live, KEY)) == 2  # round 0 drafts K_MAX
-    never = ad.replace(round=jnp.int32(5), tries=jnp.full((2, 4), 50.0))  # 50 tries, no hits
+    never = ad.replace(round=jnp.int32(5), tries=jnp.full((1, 2, 4), 50.0))  # 50 tries, no hits
     assert int(policy(never, config, live, KEY)) == 0
     # (1.5 - 1) / (0.05 * 1) = 10 plain steps between probes, and the probe is the cheapest K > 0.
     assert int(policy(never.replace(plain_run=jnp.int32(9)), config, live, KEY)) == 0
     assert int(policy(never.replace(plain_run=jnp.int32(10)), config, live, KEY)) == 1
-    always = ad.replace(round=jnp.int32(5), tries=jnp.full((2, 4), 50.0), hits=jnp.full((2, 4), 50.0))
+    always = ad.replace(round=jnp.int32(5), tries=jnp.full((1, 2, 4), 50.0), hits=jnp.full((1, 2, 4), 50.0))
     assert int(policy(always, config, live, KEY)) == 2
     assert isinstance(ad, AdaptiveState)
+
+
+TREES = specjax.AdaptiveConfig(
+    trees=(specjax.Tree.chain(2), specjax.Tree.full(2, 2)), costs={0: 1.0, "tree0": 1.2, "tree1": 1.3}
+)
+
+
+@pytest.mark.parametrize("name", ["draft_model", "eagle"])
+def test_adaptive_trees_greedy_equals_plain_greedy(target, noisy_draft, small_draft, plain, name):
+    drafter = _drafters(noisy_draft, small_draft, target)[name]
+    out = specjax.speculative_generate(target, drafter, PROMPTS, max_new_tokens=NEW, adaptive=TREES)
+    assert out.tokens == plain.tokens
+    chosen = out.stats.adaptive["rounds_per_k"]
+    assert set(chosen) == {0, "tree0", "tree1"} and chosen["tree1"] >= 1  # the first round: the last tree
+    assert len(out.stats.accepted_per_position) == 2  # by depth, up to the deepest tree
 
 
 def test_policy_picks_plain_for_a_random_draft_and_k_max_for_a_perfect_one(target):

@@ -28,6 +28,8 @@ EXPERIMENTS = {
     "sampling": "E7",
     "methods": "E8",
     "trees": "E9",
+    "scaling": "E10",
+    "adaptive_sweep": "E11",
 }
 
 
@@ -210,6 +212,65 @@ class Trees:
             raise ValueError(f"trees.tuned_depths must be distinct depth caps >= 1 (or null: no cap), got {depths}")
 
 
+_DEFAULT_MESHES = ("data=1,model=1", "data=1,model=2", "data=1,model=4", "data=2,model=2", "data=8,model=1")
+
+
+@dataclasses.dataclass(frozen=True)
+class Scaling:
+    """E10: tokens/s against mesh shape ("data=D,model=M"), the draft replicated or sharded.
+
+    Needs as many devices as the largest mesh: on CPU, run the bench with
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 (figures are then relative only).
+    A mesh the target cannot use (heads not divisible) is skipped with the reason recorded.
+    """
+
+    meshes: list[str] = dataclasses.field(default_factory=lambda: list(_DEFAULT_MESHES))
+    batch_size: int = 8
+    num_speculative_tokens: int = 4
+    draft_layouts: list[str] = dataclasses.field(default_factory=lambda: ["replicated", "sharded"])
+    max_new_tokens: int | None = None  # None: the bench's max_new_tokens
+    link_megabytes: float = 4.0  # all-reduce size of the link measurement (0: none)
+
+    def __post_init__(self):
+        from specjax.parallel.mesh import parse_mesh
+
+        for mesh in self.meshes:
+            parse_mesh(mesh)
+        bad = [x for x in self.draft_layouts if x not in ("replicated", "sharded")]
+        if bad or not self.draft_layouts:
+            raise ValueError(f"scaling.draft_layouts must be 'replicated' and/or 'sharded', got {self.draft_layouts}")
+        if self.batch_size < 1 or self.num_speculative_tokens < 1:
+            raise ValueError("scaling.batch_size and num_speculative_tokens must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveSweep:
+    """E11: adaptive speculation (K_MAX = k_max) against plain decoding and static K
+    (specjax/bench/adaptive.py says what each scenario measures and aims at)."""
+
+    k_max: int = 8
+    static_ks: list[int] = dataclasses.field(default_factory=lambda: [1, 2, 4, 8])
+    batch_sizes: list[int] = dataclasses.field(default_factory=lambda: [1, 4, 16, 64])
+    temperature: float = 0.0
+    random_draft: bool = True  # scenario 1: a random-weight draft of the bench draft's shape
+    random_k: int = 4
+    # Scenario 4: prompts whose acceptance shifts mid-generation, drafted by `shift_drafter`
+    # (a drafter spec as in `draft`). None: skipped.
+    shift_prompts: Prompts | list[Prompts] | Raw | None = None
+    shift_drafter: str | ModelConfig | DrafterSpec | Raw = "prompt-lookup"
+
+    def __post_init__(self):
+        if self.shift_prompts is not None:
+            object.__setattr__(self, "shift_prompts", _parse_prompts(self.shift_prompts))
+        object.__setattr__(self, "shift_drafter", parse_draft(self.shift_drafter, "adaptive_sweep.shift_drafter"))
+        if self.k_max < 1 or not self.static_ks or min(self.static_ks) < 1 or max(self.static_ks) > self.k_max:
+            raise ValueError(
+                f"adaptive_sweep.static_ks must be K values in [1, k_max={self.k_max}], got {self.static_ks}"
+            )
+        if not self.batch_sizes or min(self.batch_sizes) < 1 or self.random_k < 1:
+            raise ValueError("adaptive_sweep.batch_sizes and random_k must be >= 1")
+
+
 def _parse_prompts(value) -> Prompts | list[Prompts]:
     """A source or a list of sources; anything else fails with the error of the shape it resembles."""
     if isinstance(value, Prompts) or (isinstance(value, list) and value and all(isinstance(p, Prompts) for p in value)):
@@ -250,9 +311,22 @@ class BenchConfig:
     sampling: SamplingCheck = SamplingCheck()
     methods: Methods = Methods()
     trees: Trees = Trees()
+    scaling: Scaling = Scaling()
+    adaptive_sweep: AdaptiveSweep = AdaptiveSweep()
+    # `adaptive: true`: every experiment's speculative configurations get an adaptive twin
+    # (K_MAX = their largest K at each batch size, temperature and drafter), timed in the
+    # same round-robin (E11 compares adaptive speculation in depth).
+    adaptive: bool = False
+    # Every experiment's target (and draft model) on this mesh: "data=2,model=4" or
+    # {data: 2, model: 4} (specjax.make_mesh); None: one device. E10 sweeps meshes itself.
+    mesh: str | dict | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "draft", parse_draft(self.draft, "draft"))
+        if isinstance(self.mesh, str):
+            from specjax.parallel.mesh import parse_mesh
+
+            parse_mesh(self.mesh)
         object.__setattr__(self, "prompts", _parse_prompts(self.prompts))
         unknown = [e for e in self.experiments if e not in EXPERIMENTS]
         if unknown:
@@ -284,5 +358,6 @@ class BenchConfig:
             "batch_sweep": [self.batch_sweep.num_speculative_tokens],
             "context_sweep": [self.context_sweep.num_speculative_tokens],
             "waste": self.waste.ks,
+            "adaptive_sweep": [self.adaptive_sweep.k_max, self.adaptive_sweep.random_k],
         }
         return max([1, *(k for name in self.experiments for k in ks.get(name, []))])

@@ -15,7 +15,7 @@ from specjax.bench.config import BenchConfig, ModelSpec
 from specjax.bench.cost import CostTable, forward_estimate
 from specjax.bench.drafter_spec import DrafterSpec, DraftSpec, build_drafter, describe_spec
 from specjax.bench.loops import draft_model_of
-from specjax.bench.measure import DRAFT, POOLED, RunSpec, Workload, acceptance, measure
+from specjax.bench.measure import DRAFT, POOLED, RunSpec, Workload, acceptance, adaptive_specs_for, measure
 from specjax.bench.prompts import load_prompts
 from specjax.bench.timing import matmul_flops, memory_bandwidth
 from specjax.drafters import Drafter, as_drafter
@@ -23,6 +23,8 @@ from specjax.io.model import Model, init_model
 from specjax.io.presets import resolve_model
 from specjax.io.tokenizer import ByteTokenizer
 from specjax.models import ModelConfig
+from specjax.parallel.mesh import mesh_from
+from specjax.parallel.shard import shard_pair
 
 
 def load_model(spec: ModelSpec, seed: int) -> Model:
@@ -63,6 +65,8 @@ class BenchContext:
         self._models: dict = {}  # name or ModelConfig -> Model: each model is loaded once
         self.target = target or load_model(config.target, config.seed)
         self.draft = as_drafter(draft) if draft is not None else self.build_drafter(config.draft)
+        if config.mesh is not None:  # every experiment sharded (specjax/parallel)
+            self.target, self.draft = shard_pair(self.target, self.draft, mesh_from(config.mesh))
         self.cost_target = self.target if config.cost_target is None else load_model(config.cost_target, config.seed)
         self.cost_draft = self.draft if config.cost_draft is None else as_drafter(self.load(config.cost_draft))
         if self.target.tokenizer is None:
@@ -167,6 +171,8 @@ class BenchContext:
     def measure(self, specs: list[RunSpec], description: str, workload: Workload | None = None) -> list[dict]:
         """Timed rows of `specs` (and their plain baselines) on `workload` (default: the bench's)."""
         timing = self.config.timing
+        if self.config.adaptive:  # `adaptive: true`: an adaptive twin of every configuration
+            specs = list(dict.fromkeys([*specs, *adaptive_specs_for(specs)]))
         total = timing.repeats * len({*specs, *(s.plain for s in specs)})
         with tqdm(total=total, desc=description, disable=not self.progress, leave=False) as bar:
             workload = workload or self.workload

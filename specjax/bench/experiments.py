@@ -10,6 +10,7 @@ the prompts have several; plots and summaries use the pooled rows.
 
 from __future__ import annotations
 
+from specjax.bench.adaptive import adaptive_sweep
 from specjax.bench.context import BenchContext
 from specjax.bench.cost import (
     batch_tokens_per_round,
@@ -26,6 +27,7 @@ from specjax.bench.fill import cache_dtype_rows, fill_capacity_rows, fill_summar
 from specjax.bench.loops import draft_model_of
 from specjax.bench.measure import POOLED, RunSpec, pooled
 from specjax.bench.methods import methods
+from specjax.bench.scaling import scaling
 from specjax.bench.trees import trees
 
 
@@ -328,4 +330,6 @@ EXPERIMENT_FUNCTIONS = {
     "sampling": sampling,
     "methods": methods,
     "trees": trees,
+    "scaling": scaling,
+    "adaptive_sweep": adaptive_sweep,
 }

@@ -27,6 +27,8 @@ from specjax.engine.speculative import SpecPlan, SpecState, draft_context, specu
 from specjax.engine.speculative import init_state as spec_init
 from specjax.io.model import Model
 from specjax.models import ModelConfig
+from specjax.trees.acceptance import default_tree_rule
+from specjax.trees.tree import Tree
 
 PARTS = ("step", "round", "propose")  # a plain decode step, a speculative round, a drafter's proposal
 
@@ -94,9 +96,10 @@ def loop_key(
     temperature: float,
     fill: int | None = None,
     cache: CacheConfig = DEFAULT_CACHE,
+    tree: Tree | None = None,
 ) -> tuple:
     """What identifies a timed loop: its part, the arrays it reads (by identity) and its shapes."""
-    shape = (batch, context, temperature, fill, cache)
+    shape = (batch, context, temperature, fill, cache, tree)
     if part == "step":
         return (part, id(target.params), *shape)
     drafter = as_drafter(draft)
@@ -114,11 +117,13 @@ def loop_call(
     temperature: float,
     fill: int | None = None,
     cache: CacheConfig = DEFAULT_CACHE,
+    tree: Tree | None = None,
     *,
     inner: int,
 ):
     """A callable running `inner` iterations of `part` on a cache of `context` slots holding
-    `fill` committed tokens (default: half of them); returns arrays to block on."""
+    `fill` committed tokens (default: half of them); returns arrays to block on. With a
+    `tree`, rounds are tree rounds (k is then its node count)."""
     if part not in PARTS:
         raise ValueError(f"part must be one of {PARTS}, got {part!r}")
     sampling = SamplingConfig(temperature)
@@ -133,7 +138,8 @@ def loop_call(
     else:
         drafter = as_drafter(draft)
         weights = drafter.weights()
-        plan = SpecPlan(target.config, drafter.without_weights(), k, sampling, default_rule(sampling), cache)
+        rule = default_rule(sampling) if tree is None else default_tree_rule(sampling)
+        plan = SpecPlan(target.config, drafter.without_weights(), k, sampling, rule, cache, tree)
         state = jax.jit(spec_init, static_argnums=(7, 8))(target.params, weights, *args, plan, context)
 
     def call():

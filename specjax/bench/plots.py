@@ -329,4 +329,18 @@ PLOTS = {
     "sampling": sampling,
     "methods": methods,
     "trees": trees,
+    "scaling": lambda result, path, title: _scaling_plot(result, path, title),
+    "adaptive_sweep": lambda result, path, title: _adaptive_plot(result, path, title),
 }
+
+
+def _scaling_plot(result: dict, path: Path, title: str) -> Path:
+    from specjax.bench.scaling import plot  # E10 keeps its plot beside its experiment
+
+    return plot(result, path, title)
+
+
+def _adaptive_plot(result: dict, path: Path, title: str) -> Path:
+    from specjax.bench.adaptive import plot  # E11 keeps its figure beside the experiment
+
+    return plot(result, path, title)

@@ -47,6 +47,11 @@ DEFINITIONS = {
     "verify_width": "E9: positions per row in each target forward: K + 1 for a chain, N + 1 for a tree of N nodes",
     "predicted_tokens_per_round": "E3: the cost model's tokens per round; E9: 1 + the tree's expected accepted "
     "nodes under the acceptance table (by depth and rank) measured on the tuning prompts",
+    "adaptive": "E11 (and `adaptive: true`): the row's K is chosen each round, up to num_speculative_tokens = K_MAX "
+    "(engine/adaptive.py); adaptive_rounds_per_k counts rounds per K (summed over requests), adaptive_plain_steps "
+    "the rounds with K = 0, adaptive_mean_k the mean K per round",
+    "scenario": "E11: random (a random-weight draft), pair (the pair at batch 1), batch (other batch sizes), "
+    "shift (prompts whose acceptance shifts mid-generation)",
     "acceptance_by_depth": "E9: accepted_per_position of the first 8 depths (a tree's depth i), 2 decimals",
 }
 
@@ -138,6 +143,31 @@ SUMMARY_COLUMNS = {
         "speedup_vs_plain_paired",
         "acceptance_by_depth",
         "output_matches_plain",
+    ],
+    "adaptive_sweep": [
+        "scenario",
+        "batch_size",
+        "method",
+        "num_speculative_tokens",
+        "adaptive",
+        "tokens_per_second",
+        "speedup_vs_plain",
+        "speedup_vs_plain_paired",
+        "mean_acceptance_length",
+        "adaptive_mean_k",
+        "adaptive_plain_steps",
+        "output_matches_plain",
+    ],
+    "scaling": [
+        "mesh",
+        "drafter",
+        "tokens_per_second",
+        "tokens_per_second_vs_first_mesh",
+        "speedup_vs_plain",
+        "mean_acceptance_length",
+        "allreduce_bytes_per_step",
+        "measured_tp_efficiency",
+        "predicted_tp_efficiency",
     ],
 }
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from specjax.bench.cost import CostTable
 from specjax.drafters import Drafter
+from specjax.engine.adaptive import AdaptiveConfig
+from specjax.engine.loop import DEFAULT_CACHE
 from specjax.io.model import Model
 
 # Short on purpose: the policy needs ratios between K, not absolute times.
@@ -20,14 +22,19 @@ def measure_round_costs(
     target: Model,
     draft: Model | Drafter,
     batch: int,
-    ks,
+    config: AdaptiveConfig,
     context: int,
     temperature: float = 0.0,
     table: CostTable | None = None,
-) -> dict[int, float]:
-    """{K: seconds of one loop iteration} for a batch of `batch` rows and a cache of `context` slots."""
+) -> dict:
+    """{candidate label: seconds of one loop iteration} for a batch of `batch` rows and a cache
+    of `context` slots: K for chains (0 = a plain step), "tree0", ... for the config's trees."""
     table = table or _TABLE
-    context = max(context, 2 * (max(ks) + 2))  # room for the rounds on a half-filled cache
-    shapes = [(target, None if k == 0 else draft, batch, k, context, temperature) for k in ks]
-    table.measure_iterations(shapes, proposals="none")
-    return {k: table.iteration_seconds(target, None if k == 0 else draft, batch, k, context, temperature) for k in ks}
+    trees = (None,) * len(config.labels) if not config.trees else (None, *config.trees)
+    loops = {}
+    for label, drafted, tree in zip(config.labels, config.drafted, trees, strict=True):
+        room = max(context, 2 * (drafted + 2))  # room for the rounds on a half-filled cache
+        part, drafter = ("step", None) if drafted == 0 else ("round", draft)
+        loops[label] = (part, target, drafter, batch, drafted, room, temperature, None, DEFAULT_CACHE, tree)
+    table.measure_loops(list(loops.values()))
+    return {label: table.loop_seconds(loop) for label, loop in loops.items()}

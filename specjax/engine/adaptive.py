@@ -39,7 +39,9 @@ from flax import struct
 from specjax.engine.loop import commit, gather_tokens
 from specjax.engine.sampling import select
 from specjax.engine.state import SpecState, draft_context
+from specjax.engine.tree_round import tree_round
 from specjax.models import forward
+from specjax.trees.acceptance import default_tree_rule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +60,9 @@ class AdaptiveConfig:
       may cost (it sets how often the policy probes).
     thompson: choose by a draw from the posterior (True) or by its mean (False: greedy,
       deterministic, and slow to recover from an unlucky start).
+    trees: choose among these token trees (specjax.Tree) and a plain step instead of chains;
+      each tree keeps its own acceptance estimate by depth (its width shapes it). Costs are
+      then keyed 0 (the plain step) and "tree0", "tree1", ... in this order.
     """
 
     ks: tuple[int, ...] | None = None
@@ -67,6 +72,7 @@ class AdaptiveConfig:
     prior_weight: float = 1.0
     probe_budget: float = 0.03
     thompson: bool = True
+    trees: tuple | None = None
 
     def __post_init__(self):
         if self.ks is not None:
@@ -82,9 +88,35 @@ class AdaptiveConfig:
             )
         if not 0.0 < self.probe_budget <= 1.0:
             raise ValueError(f"adaptive probe_budget must lie in (0, 1], got {self.probe_budget}")
+        if self.trees is not None:
+            trees = tuple(self.trees)
+            if not trees or self.ks is not None:
+                raise ValueError("adaptive trees: give a non-empty sequence of specjax.Tree, and no ks")
+            object.__setattr__(self, "trees", trees)
+
+    # The candidates, by index into the lax.switch: what each is called, how many positions
+    # (chain K, tree depth) its estimate covers, which estimate it reads, and what it drafts.
+    @property
+    def labels(self) -> tuple:
+        return self.ks if not self.trees else (0, *(f"tree{i}" for i in range(len(self.trees))))
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        return self.ks if not self.trees else (0, *(t.depth for t in self.trees))
+
+    @property
+    def groups(self) -> tuple[int, ...]:
+        """Chains share one estimate by position; each tree has its own by depth."""
+        return (0,) * len(self.ks) if not self.trees else (0, *range(1, len(self.trees) + 1))
+
+    @property
+    def drafted(self) -> tuple[int, ...]:
+        return self.ks if not self.trees else (0, *(t.num_nodes for t in self.trees))
 
     def resolved(self, k_max: int) -> AdaptiveConfig:
-        """This config with its K set fixed for K_MAX (checked), and without costs (the static part)."""
+        """This config with its candidates fixed for K_MAX (checked), without costs (the static part)."""
+        if self.trees:
+            return dataclasses.replace(self, ks=None, costs=None)
         ks = self.ks if self.ks is not None else default_ks(k_max)
         if max(ks) > k_max:
             raise ValueError(f"adaptive ks {ks} exceed num_speculative_tokens={k_max}")
@@ -93,11 +125,11 @@ class AdaptiveConfig:
         return dataclasses.replace(self, ks=ks, costs=None)
 
     def cost_vector(self, costs: dict) -> np.ndarray:
-        """[n] float32 seconds per iteration, in the order of `ks` (a clear error if one is missing)."""
-        missing = [k for k in self.ks if k not in costs]
+        """[n] float32 seconds per iteration, in the order of the candidates (a clear error if one is missing)."""
+        missing = [k for k in self.labels if k not in costs]
         if missing:
-            raise ValueError(f"adaptive costs lack K={missing} (have {sorted(costs)})")
-        vector = np.asarray([float(costs[k]) for k in self.ks], np.float32)
+            raise ValueError(f"adaptive costs lack K={missing} (have {sorted(costs, key=str)})")
+        vector = np.asarray([float(costs[k]) for k in self.labels], np.float32)
         if not np.all(vector > 0):
             raise ValueError(f"adaptive costs must be positive seconds, got {costs}")
         return vector
@@ -112,24 +144,25 @@ def default_ks(k_max: int) -> tuple[int, ...]:
 class AdaptiveState:
     """The policy's part of the loop state (SpecState.adaptive)."""
 
-    costs: jax.Array  # [n] float32: seconds of one iteration at each candidate K
-    hits: jax.Array  # [B, K_MAX] float32: forgotten counts of accepted draft positions
-    tries: jax.Array  # [B, K_MAX] float32: forgotten counts of drafted-and-reached positions
-    tried_at: jax.Array  # [B, K_MAX] int32: rounds that drafted and reached position i (all of them)
+    costs: jax.Array  # [n] float32: seconds of one iteration at each candidate
+    # W = K_MAX (chains) or the deepest tree; G = 1 (chains share it) or 1 + the trees.
+    hits: jax.Array  # [G, B, W] float32: forgotten counts of accepted draft positions
+    tries: jax.Array  # [G, B, W] float32: forgotten counts of drafted-and-reached positions
+    tried_at: jax.Array  # [B, W] int32: rounds that drafted and reached position i (all of them)
     drafted: jax.Array  # [B] int32: draft tokens proposed to each row
     rounds_per_k: jax.Array  # [n] int32
-    chosen: jax.Array  # [R] int32: the K of round r (-1: no such round)
-    estimate: jax.Array  # [R] float32: mean estimated acceptance of position 1 over live rows at round r
+    chosen: jax.Array  # [R] int32: the candidate of round r (-1: no such round)
+    estimate: jax.Array  # [R] float32: the chosen group's mean estimate of position 1 over live rows
     round: jax.Array  # [] int32
     plain_run: jax.Array  # [] int32: plain steps since the last round that drafted
 
 
-def init_adaptive(costs, batch: int, k_max: int, max_rounds: int) -> AdaptiveState:
+def init_adaptive(costs, batch: int, width: int, max_rounds: int, groups: int = 1) -> AdaptiveState:
     return AdaptiveState(
         costs=jnp.asarray(costs, jnp.float32),
-        hits=jnp.zeros((batch, k_max), jnp.float32),
-        tries=jnp.zeros((batch, k_max), jnp.float32),
-        tried_at=jnp.zeros((batch, k_max), jnp.int32),
+        hits=jnp.zeros((groups, batch, width), jnp.float32),
+        tries=jnp.zeros((groups, batch, width), jnp.float32),
+        tried_at=jnp.zeros((batch, width), jnp.int32),
         drafted=jnp.zeros((batch,), jnp.int32),
         rounds_per_k=jnp.zeros((len(costs),), jnp.int32),
         chosen=jnp.full((max_rounds,), -1, jnp.int32),
@@ -149,29 +182,31 @@ def acceptance_estimate(ad: AdaptiveState, config: AdaptiveConfig, key=None) -> 
     return jax.random.beta(key, ad.hits + a, ad.tries - ad.hits + b)
 
 
-def expected_tokens(alpha, ks) -> jax.Array:
-    """alpha [B, K_MAX] -> [B, n]: committed tokens a round of each K in `ks` yields per row."""
-    reach = jnp.cumprod(alpha, axis=1)  # [B, K_MAX]: P(positions 1..i all accepted)
-    cumulative = jnp.concatenate([jnp.zeros_like(reach[:, :1]), jnp.cumsum(reach, axis=1)], axis=1)
-    return 1.0 + cumulative[:, jnp.asarray(ks)]
+def expected_tokens(alpha, widths, groups) -> jax.Array:
+    """alpha [G, B, W] -> [B, n]: committed tokens per row of a round of each candidate, which
+    reads estimate groups[c] over its first widths[c] positions (0: a plain step, 1 token)."""
+    reach = jnp.cumprod(alpha, axis=2)  # [G, B, W]: P(positions 1..i all accepted)
+    cumulative = jnp.concatenate([jnp.zeros_like(reach[..., :1]), jnp.cumsum(reach, axis=2)], axis=2)
+    return 1.0 + cumulative[jnp.asarray(groups), :, jnp.asarray(widths)].T
 
 
-def choose(alpha, live, costs, ks) -> jax.Array:
-    """[] int32: the index into `ks` with the most expected tokens per second over live rows.
-    alpha [B, K_MAX], live [B] bool, costs [n]. Ties go to the smaller K."""
-    tokens = jnp.sum(expected_tokens(alpha, ks) * live[:, None], axis=0)  # [n]
+def choose(alpha, live, costs, widths, groups) -> jax.Array:
+    """[] int32: the candidate with the most expected tokens per second over live rows.
+    alpha [G, B, W], live [B] bool, costs [n]. Ties go to the earlier (cheaper) candidate."""
+    tokens = jnp.sum(expected_tokens(alpha, widths, groups) * live[:, None], axis=0)  # [n]
     return jnp.argmax(tokens / costs).astype(jnp.int32)
 
 
 def policy(ad: AdaptiveState, config: AdaptiveConfig, live, key) -> jax.Array:
-    """[] int32: the index into config.ks of this round's K (see the module docstring)."""
-    ks = config.ks
-    index = choose(acceptance_estimate(ad, config, key if config.thompson else None), live, ad.costs, ks)
-    if ks[0] != 0:  # no plain steps, nothing to probe
-        return jnp.where(ad.round == 0, len(ks) - 1, index)
+    """[] int32: the index of this round's candidate (see the module docstring)."""
+    widths, last = config.widths, len(config.widths) - 1
+    alpha = acceptance_estimate(ad, config, key if config.thompson else None)
+    index = choose(alpha, live, ad.costs, widths, config.groups)
+    if widths[0] != 0:  # no plain steps, nothing to probe
+        return jnp.where(ad.round == 0, last, index).astype(jnp.int32)
     probe_every = jnp.maximum(jnp.ceil((ad.costs[1] - ad.costs[0]) / (config.probe_budget * ad.costs[0])), 1)
     index = jnp.where((index == 0) & (ad.plain_run >= probe_every), 1, index)
-    return jnp.where(ad.round == 0, len(ks) - 1, index).astype(jnp.int32)
+    return jnp.where(ad.round == 0, last, index).astype(jnp.int32)
 
 
 def plain_round(target_params, draft_weights, state: SpecState) -> SpecState:
@@ -216,46 +251,53 @@ def plain_round(target_params, draft_weights, state: SpecState) -> SpecState:
     )
 
 
-def _branch(k: int, chain_round, target_params, draft_weights, state: SpecState) -> SpecState:
-    if k == 0:
-        return plain_round(target_params, draft_weights, state)
+def _branch(c: int, chain_round, target_params, draft_weights, state: SpecState) -> SpecState:
+    """Candidate c's round: a plain step, a chain of K, or a tree; the loop state keeps the
+    adaptive plan while the round runs with a fixed one."""
     plan = state.plan
-    # The round runs with a plan of K = k; the loop state keeps the adaptive plan.
-    fixed = dataclasses.replace(plan, num_speculative_tokens=k, adaptive=None)
+    config = plan.adaptive
+    if config.widths[c] == 0:
+        return plain_round(target_params, draft_weights, state)
+    if config.trees:
+        tree = config.trees[c - 1]
+        fixed = dataclasses.replace(plan, num_speculative_tokens=tree.num_nodes, tree=tree, adaptive=None)
+        return tree_round(target_params, draft_weights, state.replace(plan=fixed)).replace(plan=plan)
+    fixed = dataclasses.replace(plan, num_speculative_tokens=config.ks[c], adaptive=None)
     return chain_round(target_params, draft_weights, state.replace(plan=fixed)).replace(plan=plan)
 
 
 def adaptive_round(target_params, draft_weights, state: SpecState, chain_round) -> SpecState:
-    """Choose K from the past, run that branch, and fold the round's outcome into the estimate."""
+    """Choose a candidate from the past, run its branch, and fold the outcome into its estimate."""
     config, ad = state.plan.adaptive, state.adaptive
-    ks = config.ks
     live = ~state.done
     rng, key = jax.random.split(state.rng)
     state = state.replace(rng=rng)
     index = policy(ad, config, live, key)
-    branches = [functools.partial(_branch, k, chain_round) for k in ks]
+    branches = [functools.partial(_branch, c, chain_round) for c in range(len(config.widths))]
     new = jax.lax.switch(index, branches, target_params, draft_weights, state)
 
-    k = jnp.asarray(ks, jnp.int32)[index]
+    width = jnp.asarray(config.widths, jnp.int32)[index]  # positions (depths) this round drafted
+    group = jnp.asarray(config.groups, jnp.int32)[index]
     num_accepted = jnp.sum(new.accepted_at - state.accepted_at, axis=1)  # [B]
-    i = jnp.arange(1, ad.hits.shape[1] + 1)[None, :]  # draft positions 1..K_MAX
-    tried = (i <= k) & (num_accepted[:, None] >= i - 1) & live[:, None]  # [B, K_MAX]
+    i = jnp.arange(1, ad.hits.shape[2] + 1)[None, :]  # draft positions 1..W
+    tried = (i <= width) & (num_accepted[:, None] >= i - 1) & live[:, None]  # [B, W]
     hit = (i <= num_accepted[:, None]) & live[:, None]
-    alpha_1 = acceptance_estimate(ad, config)[:, 0]
-    mean_alpha_1 = jnp.sum(alpha_1 * live) / jnp.maximum(jnp.sum(live), 1)
+    # Only the drafting group learns and forgets; plain steps bring no evidence, so they keep it.
+    mine = (jnp.arange(ad.hits.shape[0]) == group)[:, None, None] & (width > 0)  # [G, 1, 1]
+    forget = jnp.where(mine, config.decay, 1.0)
+    mean = acceptance_estimate(ad, config)[group, :, 0]  # [B]
     r = jnp.minimum(ad.round, ad.chosen.shape[0] - 1)
-    forget = jnp.where(k > 0, config.decay, 1.0)  # plain steps bring no evidence, so keep it
     return new.replace(
         adaptive=ad.replace(
-            hits=forget * ad.hits + hit,
-            tries=forget * ad.tries + tried,
+            hits=forget * ad.hits + mine * hit,
+            tries=forget * ad.tries + mine * tried,
             tried_at=ad.tried_at + tried.astype(jnp.int32),
-            drafted=ad.drafted + k * live.astype(jnp.int32),
+            drafted=ad.drafted + jnp.asarray(config.drafted, jnp.int32)[index] * live.astype(jnp.int32),
             rounds_per_k=ad.rounds_per_k.at[index].add(1),
-            chosen=ad.chosen.at[r].set(k),
-            estimate=ad.estimate.at[r].set(mean_alpha_1),
+            chosen=ad.chosen.at[r].set(index),
+            estimate=ad.estimate.at[r].set(jnp.sum(mean * live) / jnp.maximum(jnp.sum(live), 1)),
             round=ad.round + 1,
-            plain_run=jnp.where(k > 0, 0, ad.plain_run + 1),
+            plain_run=jnp.where(width > 0, 0, ad.plain_run + 1),
         )
     )
 
@@ -271,12 +313,14 @@ def adaptive_stats(stats, state: SpecState, num_rows: int | None):
     drafted = int(np.sum(np.asarray(ad.drafted)[:num_rows]))
     tried = np.asarray(ad.tried_at)[:num_rows].sum(axis=0)
     per_position = [float(c / t) if t else 0.0 for c, t in zip(stats.accepted_counts, tried, strict=True)]
+    labels = [k if isinstance(k, str) else int(k) for k in config.labels]
     policy = {
-        "ks": list(config.ks),
+        "ks": labels,
+        "trees": None if not config.trees else [repr(t) for t in config.trees],
         "costs_seconds": [float(c) for c in ad.costs],
-        "rounds_per_k": {int(k): int(n) for k, n in zip(config.ks, ad.rounds_per_k, strict=True)},
-        "plain_steps": int(ad.rounds_per_k[config.ks.index(0)]) if 0 in config.ks else 0,
-        "chosen_k": chosen.tolist(),
+        "rounds_per_k": {k: int(n) for k, n in zip(labels, ad.rounds_per_k, strict=True)},
+        "plain_steps": int(ad.rounds_per_k[labels.index(0)]) if 0 in labels else 0,
+        "chosen_k": [labels[c] for c in chosen],
         "estimate_position_1": [round(float(x), 4) for x in np.asarray(ad.estimate)[: len(chosen)]],
     }
     return dataclasses.replace(
@@ -288,27 +332,43 @@ def adaptive_stats(stats, state: SpecState, num_rows: int | None):
     )
 
 
-def resolve_adaptive(adaptive, plan, target, drafter, batch):
+def plan_tokens(adaptive, num_speculative_tokens: int) -> int:
+    """Slots a round may write past the committed length: K_MAX, or the largest tree's nodes."""
+    if isinstance(adaptive, AdaptiveConfig) and adaptive.trees:
+        return max(tree.num_nodes for tree in adaptive.trees)
+    return num_speculative_tokens
+
+
+def resolve_adaptive(adaptive, plan, target, drafter, batch, rule=None):
     """(plan with its static AdaptiveConfig, costs [n] float32) for `adaptive` (False, True or
     an AdaptiveConfig); (plan, None) when it is off. Costs the caller did not give are measured
-    once per shape, at the batch's bucket size and cache length."""
+    once per shape, at the batch's bucket size and cache length. `rule`: the caller's
+    acceptance rule, or None (trees then get the default tree rule)."""
     if adaptive is False or adaptive is None:
         return plan, None
     config = AdaptiveConfig() if adaptive is True else adaptive
     if not isinstance(config, AdaptiveConfig):
         raise ValueError(f"adaptive must be True, False or a specjax.AdaptiveConfig, got {adaptive!r}")
     if plan.tree is not None:
-        raise ValueError("adaptive=True chooses among chains of K <= num_speculative_tokens; pass no tree")
+        raise ValueError(
+            "adaptive speculation chooses its own rounds: pass no tree (AdaptiveConfig(trees=...) chooses among trees)"
+        )
     static = config.resolved(plan.num_speculative_tokens)
-    for k in static.ks:
-        if k:
-            drafter.check(target.config, k)
+    if static.trees:
+        for tree in static.trees:
+            drafter.check_tree(target.config, tree)
+        if rule is None:
+            plan = dataclasses.replace(plan, rule=default_tree_rule(plan.sampling))
+    else:
+        for k in static.ks:
+            if k:
+                drafter.check(target.config, k)
     costs = config.costs
     if costs is None:
         # The bench times loop iterations; it depends on the engine, so it is imported here.
         from specjax.bench.round_costs import measure_round_costs
 
         costs = measure_round_costs(
-            target, drafter, batch.bucket_rows, static.ks, batch.cache_length, plan.sampling.temperature
+            target, drafter, batch.bucket_rows, static, batch.cache_length, plan.sampling.temperature
         )
     return dataclasses.replace(plan, adaptive=static), jnp.asarray(static.cost_vector(costs))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specjax.io.model import Model, _check_token_ids
+from specjax.parallel.placement import model_mesh, pad_rows, place_rows
 
 _MIN_PROMPT_BUCKET = 16
 _CACHE_ROUNDING = 64
@@ -29,6 +31,7 @@ class PromptBatch:
     cache_length: int  # slots per row of every cache and of the token buffer
     num_rows: int  # the caller's rows (the first num_rows); the rest pad the batch to its bucket
     is_text: bool = False  # prompts came as strings: decode the output to text too
+    mesh: Any = None  # the mesh the model's params live on: rows go to its "data" axis (specjax/parallel)
 
     @property
     def batch_size(self) -> int:
@@ -51,7 +54,7 @@ class PromptBatch:
         eos = jnp.int32(-1 if eos_token_id is None else eos_token_id)
         # device_put, not jnp.asarray: in jax 0.10 jnp.asarray of a numpy array compiles a
         # small "stage" program per shape, three more live executables per batch shape.
-        prompt, lengths, done = jax.device_put((self.tokens[:rows], self.lengths[:rows], done))
+        prompt, lengths, done = place_rows((self.tokens[:rows], self.lengths[:rows], done), self.mesh)
         return prompt, lengths, done, eos, jax.random.key(seed)
 
 
@@ -121,10 +124,14 @@ def prepare_prompts(model: Model, prompts, max_new_tokens: int, headroom: int) -
         )
     bucket = _bucket(longest)
     num_rows = len(rows)
-    rows += [rows[0]] * (_batch_bucket(num_rows) - num_rows)  # padding rows: row 0's prompt, masked done
+    # Padding rows: row 0's prompt, masked done; on a mesh, up to a multiple of its "data" axis.
+    mesh = model_mesh(model)
+    rows += [rows[0]] * (pad_rows(_batch_bucket(num_rows), mesh) - num_rows)
     tokens = np.zeros((len(rows), bucket), np.int32)
     for i, row in enumerate(rows):
         tokens[i, : len(row)] = row
     cache_length = -(-max(bucket, needed) // _CACHE_ROUNDING) * _CACHE_ROUNDING
     lengths = np.array([len(r) for r in rows], np.int32)
-    return PromptBatch(tokens=tokens, lengths=lengths, cache_length=cache_length, num_rows=num_rows, is_text=is_text)
+    return PromptBatch(
+        tokens=tokens, lengths=lengths, cache_length=cache_length, num_rows=num_rows, is_text=is_text, mesh=mesh
+    )

@@ -19,12 +19,19 @@ import numpy as np
 
 from specjax.drafters import Drafter, as_drafter
 from specjax.engine.acceptance import AcceptanceRule, default_rule
-from specjax.engine.adaptive import AdaptiveConfig, adaptive_round, adaptive_stats, init_adaptive, resolve_adaptive
+from specjax.engine.adaptive import (
+    AdaptiveConfig,
+    adaptive_round,
+    adaptive_stats,
+    init_adaptive,
+    plan_tokens,
+    resolve_adaptive,
+)
 from specjax.engine.loop import DEFAULT_CACHE, CacheConfig, commit, gather_tokens, prefill, token_buffer
 from specjax.engine.output import GenerationOutput, PreparedGeneration, collect_output
 from specjax.engine.prompts import prepare_prompts
 from specjax.engine.sampling import SamplingConfig, probabilities
-from specjax.engine.state import SpecPlan, SpecState, draft_context
+from specjax.engine.state import SpecPlan, SpecState, accepted_positions, draft_context
 from specjax.engine.tree_round import tree_round
 from specjax.io.model import Model
 from specjax.models import forward
@@ -89,16 +96,9 @@ def chain_round(target_params, draft_weights, state: SpecState) -> SpecState:
         draft_state=plan.drafter.update(draft_weights, draft_state, after, num_accepted),
         rng=rng,
         row_rounds=state.row_rounds + live.astype(jnp.int32),
-        accepted_at=state.accepted_at + _accepted_positions(state.accepted_at, num_accepted, live),
+        accepted_at=state.accepted_at + accepted_positions(state.accepted_at, num_accepted, live),
         forwards=state.forwards + 1,
     )
-
-
-def _accepted_positions(accepted_at, num_accepted, live):
-    """[B, W] int32: 1 where draft position i < num_accepted of a live row. W may exceed this
-    round's K (adaptive speculation keeps K_MAX columns); num_accepted <= K fills the rest with 0."""
-    i = jnp.arange(accepted_at.shape[1])[None, :]
-    return ((i < num_accepted[:, None]) & live[:, None]).astype(jnp.int32)
 
 
 def init_state(
@@ -141,8 +141,9 @@ def init_state(
     state = state.replace(target_cache=target_cache)
     if plan.adaptive is not None:
         # A round commits at least one token per live row, so cache_length bounds the rounds.
-        k_max = plan.num_speculative_tokens
-        state = state.replace(adaptive=init_adaptive(costs, batch, k_max, max_rounds=cache_length))
+        groups = 1 + len(plan.adaptive.trees or ())
+        ad = init_adaptive(costs, batch, plan.accepted_width, max_rounds=cache_length, groups=groups)
+        state = state.replace(adaptive=ad)
     ctx = draft_context(state, target_params).replace(features=features)
     return state.replace(draft_state=plan.drafter.init(draft_weights, ctx, prompt, cache_length))
 
@@ -215,6 +216,7 @@ def _prepare(
         raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {num_speculative_tokens!r}")
     else:
         drafter.check(target.config, int(num_speculative_tokens))
+    num_speculative_tokens = plan_tokens(adaptive, num_speculative_tokens)
     batch = prepare_prompts(target, prompts, max_new_tokens, headroom=num_speculative_tokens + 1)
     plan = SpecPlan(
         target=target.config,
@@ -225,7 +227,7 @@ def _prepare(
         cache=cache_config or DEFAULT_CACHE,
         tree=tree,
     )
-    plan, costs = resolve_adaptive(adaptive, plan, target, drafter, batch)
+    plan, costs = resolve_adaptive(adaptive, plan, target, drafter, batch, rule)
     return batch, plan, drafter.weights(), costs
 
 

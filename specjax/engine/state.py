@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import struct
 
 from specjax.drafters import DraftContext, Drafter
@@ -36,7 +37,10 @@ class SpecPlan:
 
     @property
     def accepted_width(self) -> int:
-        """Draft positions counted in SpecState.accepted_at: K, or the tree's depth."""
+        """Draft positions counted in SpecState.accepted_at: K, the tree's depth, or the
+        deepest of the adaptive policy's trees."""
+        if self.adaptive is not None and self.adaptive.trees:
+            return max(tree.depth for tree in self.adaptive.trees)
         return self.num_speculative_tokens if self.tree is None else self.tree.depth
 
 
@@ -75,3 +79,11 @@ def draft_context(state: SpecState, target_params) -> DraftContext:
         cache=plan.cache,
         tree=plan.tree,
     )
+
+
+def accepted_positions(accepted_at, num_accepted, live):
+    """[B, W] int32: 1 where draft position (a tree: depth) i < num_accepted of a live row.
+    W = accepted_at's width, which may exceed this round's K or depth (adaptive speculation
+    keeps the widest); num_accepted never does, so the rest stays 0."""
+    i = jnp.arange(accepted_at.shape[1])[None, :]
+    return ((i < num_accepted[:, None]) & live[:, None]).astype(jnp.int32)

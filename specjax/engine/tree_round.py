@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from specjax.engine.loop import commit, gather_tokens
 from specjax.engine.sampling import probabilities
-from specjax.engine.state import SpecState, draft_context
+from specjax.engine.state import SpecState, accepted_positions, draft_context
 from specjax.models import TreeMask, forward
 
 
@@ -80,6 +80,6 @@ def tree_round(target_params, draft_weights, state: SpecState) -> SpecState:
         draft_state=plan.drafter.update_tree(draft_weights, draft_state, after, src, dst, num_accepted),
         rng=rng,
         row_rounds=state.row_rounds + live.astype(jnp.int32),
-        accepted_at=state.accepted_at + (keep).astype(jnp.int32),
+        accepted_at=state.accepted_at + accepted_positions(state.accepted_at, num_accepted, live),
         forwards=state.forwards + 1,
     )

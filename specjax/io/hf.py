@@ -50,13 +50,17 @@ BYTE_TOKENIZER_KEY = "specjax_tokenizer"  # config.json marker: the model uses s
 _BYTE_SPECIALS = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}
 
 
-def load_model(path_or_name: str | Path, dtype: str = "float32") -> Model:
+def load_model(path_or_name: str | Path, dtype: str = "float32", mesh=None) -> Model:
     """A model from a local HF-format directory or the name of an embedded model.
 
     Supports the safetensors checkpoints (single file or sharded) of the architectures in
     ARCHITECTURES: Llama (with llama3, linear, dynamic or yarn rope scaling), Qwen2, Mistral,
     Phi-3, Qwen3, Gemma 2, Gemma 3 (text), Mixtral, Qwen3-MoE and GPT-2. Params are cast to `dtype`
     ("float32", "bfloat16" or "float16"). Raises ValueError naming what is wrong.
+
+    mesh: a jax.sharding.Mesh (specjax.make_mesh): the params are laid out on it as
+    `specjax.shard_model` does, each process reading only the slices its devices hold
+    (specjax/parallel/loading.py).
     """
     directory = _resolve(path_or_name)
     config_path = directory / "config.json"
@@ -67,6 +71,11 @@ def load_model(path_or_name: str | Path, dtype: str = "float32") -> Model:
     except ValueError as e:
         raise ValueError(f"{config_path} is not valid JSON: {e}") from e
     config = config_from_hf(hf, dtype=dtype, source=str(config_path))
+    if mesh is not None:
+        from specjax.parallel.loading import read_sharded_params
+
+        config, params = read_sharded_params(directory, config, mesh)
+        return Model(config=config, params=params, tokenizer=_load_tokenizer(directory, hf))
     return Model(config=config, params=read_params(directory, config), tokenizer=_load_tokenizer(directory, hf))
 
 

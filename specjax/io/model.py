@@ -25,8 +25,16 @@ class Model:
         return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.params))
 
 
-def init_model(config: ModelConfig, seed: int = 0) -> Model:
-    """A randomly initialised model (std 0.02 weights) for `config`."""
+def init_model(config: ModelConfig, seed: int = 0, mesh=None) -> Model:
+    """A randomly initialised model (std 0.02 weights) for `config`.
+
+    mesh: a jax.sharding.Mesh: params are created in place, each device computing only its
+    shards (same values; layout of `specjax.shard_model`, specjax/parallel/layout.py).
+    """
+    if mesh is not None:
+        from specjax.parallel.loading import init_sharded_params
+
+        return Model(*init_sharded_params(config, seed, mesh))
     return Model(config=config, params=init_params(config, seed))
 
 

@@ -1,0 +1,182 @@
+"""E10: generation throughput against mesh shape, draft replicated or tensor-parallel.
+
+For each mesh of the config ("data=D,model=M"), the bench's target is laid out with
+`shard_model` (Megatron tensor parallelism over "model", rows over "data") and its draft
+either replicated on every device (no communication in its K sequential steps) or sharded
+like the target; plain and speculative decoding of the same requests are then timed
+round-robin (bench/measure.py), so each mesh's speedup is a side-by-side ratio. Rows also
+carry the all-reduce bytes of a plain step and of a verify forward (parallel/cost.py) and,
+per "model" axis size, an all-reduce bandwidth measured on these devices; with it the cost
+model predicts the TP efficiency of a plain step from the 1 x 1 step time.
+
+On CPU host devices (XLA_FLAGS=--xla_force_host_platform_device_count=8) the "devices"
+share the machine's cores, so only relative figures mean anything: they show that every
+layout runs and what its communication costs, not what a GPU or TPU slice would gain.
+scripts/gpu_scaling.py runs the same sweep on real accelerators.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from specjax.bench.context import BenchContext
+from specjax.bench.loops import draft_model_of
+from specjax.bench.measure import RunSpec, pooled
+from specjax.drafters import DraftModel
+from specjax.parallel.cost import tp_allreduce_bytes, tp_efficiency, tp_forward_seconds
+from specjax.parallel.layout import plan
+from specjax.parallel.mesh import MODEL, mesh_from, mesh_shape
+from specjax.parallel.shard import replicate_model, shard_model
+
+
+def measure_allreduce(mesh, megabytes: float, repeats: int = 5) -> dict:
+    """Bus bandwidth of an all-reduce over the "model" axis: 2 (M - 1) / M * bytes / seconds.
+
+    x [M, n] float32 split over "model" is summed over its first axis into a replicated
+    [n]: the collective a tensor-parallel layer ends with.
+    """
+    m = mesh_shape(mesh)[1]
+    n = max(int(megabytes * 2**20 / 4), 1)
+    x = jax.device_put(jnp.ones((m, n), jnp.float32), NamedSharding(mesh, P(MODEL, None)))
+    reduce = jax.jit(lambda a: jnp.sum(a, axis=0), out_shardings=NamedSharding(mesh, P()))
+    jax.block_until_ready(reduce(x))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(reduce(x))
+        times.append(time.perf_counter() - start)
+    seconds = float(np.median(times))
+    return {"model": m, "bytes": 4 * n, "seconds": seconds, "bus_bytes_per_second": 2 * (m - 1) / m * 4 * n / seconds}
+
+
+def _drafters(ctx: BenchContext, mesh, layouts: list[str]) -> tuple[dict, list[dict]]:
+    """label -> drafter on `mesh` for each draft layout that applies, and notes on those skipped."""
+    model = draft_model_of(ctx.draft)
+    if model is None:  # a drafter without a model (prompt lookup): its weights, if any, follow the target
+        return {"draft": ctx.draft}, []
+    out, skipped = {}, []
+    for layout in layouts:
+        if layout == "sharded":
+            try:
+                placed = shard_model(model, mesh)
+            except ValueError as e:
+                skipped.append({"draft_layout": layout, "skipped": str(e)})
+                continue
+        else:
+            placed = replicate_model(model, mesh)
+        out[f"draft {layout}"] = (
+            dataclasses.replace(ctx.draft, model=placed) if isinstance(ctx.draft, DraftModel) else placed
+        )
+    return out, skipped
+
+
+def scaling(ctx: BenchContext) -> dict:
+    cfg = ctx.config.scaling
+    k, batch = cfg.num_speculative_tokens, cfg.batch_size
+    meshes = [mesh_from(m) for m in cfg.meshes]  # fails now, naming the devices needed
+    workload = dataclasses.replace(ctx.workload, max_new_tokens=cfg.max_new_tokens or ctx.workload.max_new_tokens)
+    links = {}
+    rows, skipped = [], []
+    for mesh in meshes:
+        d, m = mesh_shape(mesh)
+        try:
+            target = shard_model(ctx.target, mesh)
+        except ValueError as e:
+            skipped.append({"mesh": f"{d}x{m}", "skipped": str(e)})
+            continue
+        drafters, notes = _drafters(ctx, mesh, cfg.draft_layouts)
+        skipped += [{"mesh": f"{d}x{m}", **n} for n in notes]
+        if m > 1 and m not in links and cfg.link_megabytes:
+            links[m] = measure_allreduce(mesh, cfg.link_megabytes)
+        specs = [RunSpec("plain", batch, 0, 0.0, "none")]
+        specs += [RunSpec("speculative", batch, k, 0.0, label) for label in drafters]
+        mesh_rows = pooled(
+            ctx.measure(specs, f"E10 mesh {d}x{m}", dataclasses.replace(workload, target=target, drafters=drafters))
+        )
+        plain = next(r for r in mesh_rows if r["method"] == "plain")
+        step = tp_allreduce_bytes(target.config, batch // d or 1, 1, m)
+        verify = tp_allreduce_bytes(target.config, batch // d or 1, k + 1, m)
+        for row in mesh_rows:
+            row.update(
+                mesh=f"{d}x{m}",
+                data=d,
+                model=m,
+                draft_layout=row["drafter"].removeprefix("draft ") if row["method"] == "speculative" else "none",
+                speedup_vs_plain=row["tokens_per_second"] / plain["tokens_per_second"],
+                allreduce_bytes_per_step=step["payload_bytes"],
+                allreduce_bytes_per_verify=verify["payload_bytes"],
+                allreduces_per_forward=step["allreduces"],
+                kv_repeat=plan(ctx.target.config, m).kv_repeat,
+            )
+        rows += mesh_rows
+        jax.clear_caches()  # one mesh's programs at a time (bench/compiles.py)
+    base = {r["drafter"]: r["tokens_per_second"] for r in rows if r["mesh"] == rows[0]["mesh"]} if rows else {}
+    base_step = next((r["ms_per_iteration"] for r in rows if r["method"] == "plain" and r["model"] == 1), None)
+    for row in rows:
+        if row["drafter"] in base:
+            row["tokens_per_second_vs_first_mesh"] = row["tokens_per_second"] / base[row["drafter"]]
+        if row["method"] == "plain" and row["model"] > 1 and base_step and row["model"] in links:
+            one = base_step / 1e3
+            predicted = tp_forward_seconds(
+                one,
+                ctx.target.config,
+                batch // row["data"] or 1,
+                1,
+                row["model"],
+                links[row["model"]]["bus_bytes_per_second"],
+            )
+            row["predicted_tp_efficiency"] = tp_efficiency(one, predicted, row["model"])
+            row["measured_tp_efficiency"] = base_step / (row["model"] * row["ms_per_iteration"])
+    return {
+        "claim": "tokens/s against mesh shape (relative figures only on CPU host devices, which share cores)",
+        "summary": _summary(rows, links, skipped),
+        "devices": [str(dev) for dev in jax.devices()],
+        "rows": rows,
+        "skipped": skipped,
+        "links": list(links.values()),
+    }
+
+
+def _summary(rows: list[dict], links: dict, skipped: list[dict]) -> dict:
+    """The fastest mesh per method, relative to the first mesh; link bandwidths; what was skipped."""
+    out = {}
+    for label in dict.fromkeys(r["drafter"] for r in rows):
+        best = max((r for r in rows if r["drafter"] == label), key=lambda r: r["tokens_per_second"])
+        name = "plain" if label == "none" else label
+        out[f"fastest mesh, {name}"] = f"{best['mesh']} ({best.get('tokens_per_second_vs_first_mesh', 1.0):.2f}x first)"
+    for m, link in sorted(links.items()):
+        out[f"all-reduce bus bandwidth, model={m}"] = f"{link['bus_bytes_per_second'] / 1e9:.2f} GB/s"
+    out["skipped"] = len(skipped)
+    return out
+
+
+def plot(result: dict, path, title: str):
+    """Tokens/s relative to the first mesh, per mesh, one bar per method/draft layout."""
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    meshes = list(dict.fromkeys(r["mesh"] for r in rows))
+    labels = list(dict.fromkeys(r["drafter"] for r in rows))
+    fig, ax = plt.subplots(figsize=(max(6, len(meshes) * 1.2), 4))
+    width = 0.8 / max(len(labels), 1)
+    for i, label in enumerate(labels):
+        values = {r["mesh"]: r.get("tokens_per_second_vs_first_mesh", np.nan) for r in rows if r["drafter"] == label}
+        xs = np.arange(len(meshes)) + i * width
+        ax.bar(xs, [values.get(m, np.nan) for m in meshes], width, label="plain" if label == "none" else label)
+    ax.set_xticks(np.arange(len(meshes)) + width * (len(labels) - 1) / 2, meshes)
+    ax.set_xlabel("mesh (data x model)")
+    ax.set_ylabel(f"tokens/s relative to {meshes[0] if meshes else ''}")
+    ax.set_title(title)
+    ax.axhline(1.0, color="grey", lw=0.5)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
