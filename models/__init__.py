@@ -16,7 +16,7 @@ from .cache import KVCache, init_cache
 from .config import LLAMA_FAMILY, MODEL_TYPES, ModelConfig
 from .gemma import Gemma2, Gemma3
 from .gpt2 import GPT2
-from .llama import Llama
+from .llama import Llama, feature_layers, feature_width
 from .moe import Mixtral
 from .qwen3 import Qwen3, Qwen3Moe
 
@@ -54,20 +54,22 @@ def forward(
     positions,
     cache: KVCache,
     tree: TreeMask | None = None,
-    features: bool = False,
+    features: bool | tuple[int, ...] = False,
 ):
     """Pure forward: (params, tokens [B, T], positions [B, T], cache) -> (logits [B, T, V], cache).
 
     `tree` (a TreeMask) verifies a token tree: tokens go to `tree.slots` and attend to the
     committed prefix plus their ancestors (models/attention.py). `features=True` also
-    returns the hidden states the LM head reads, [B, T, D]: (logits, cache, features).
+    returns the hidden states the LM head reads, [B, T, D]: (logits, cache, features);
+    `features=(i, j, ..)` returns instead the outputs of blocks i, j, .. concatenated,
+    [B, T, n * D] (llama.decode; a bad index is a ValueError naming it).
     """
     return nnx.merge(graphdef(config), params)(tokens, positions, cache, tree, features)
 
 
-def full_forward(config: ModelConfig, params: dict, tokens, features: bool = False):
+def full_forward(config: ModelConfig, params: dict, tokens, features: bool | tuple[int, ...] = False):
     """Logits of a whole batch with no prior context: tokens [B, T] -> [B, T, V]; with
-    `features`, (logits, hidden states [B, T, D]) as `forward(..., features=True)` gives them."""
+    `features`, (logits, hidden states [B, T, D] or [B, T, n * D]) as `forward` gives them."""
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     out = forward(config, params, tokens, positions, init_cache(config, b, t), features=features)
@@ -79,6 +81,8 @@ __all__ = [
     "KVCache",
     "ModelConfig",
     "TreeMask",
+    "feature_layers",
+    "feature_width",
     "forward",
     "full_forward",
     "graphdef",

@@ -89,8 +89,9 @@ class GPT2(nnx.Module):
             self.lm_head = nnx.Param(_init(rngs.params(), (d, config.vocab_size), dtype))
         self.config = config
 
-    def __call__(self, tokens, positions, cache: KVCache, tree: TreeMask | None = None, features: bool = False):
-        """tokens, positions: [B, T] int32 -> (logits [B, T, V] float32, updated cache)."""
+    def __call__(self, tokens, positions, cache: KVCache, tree: TreeMask | None = None, features=False):
+        """tokens, positions: [B, T] int32 -> (logits [B, T, V] float32, updated cache[, features]);
+        `features`: False, True or layer indices, as llama.decode takes them."""
         # Padding slots of a prompt bucket may lie past the learned table: clip them. Their
         # K/V is never visible (see KVCache), and real positions are checked by callers.
         pos = jnp.take(self.position_embed[...], positions, axis=0, mode="clip")  # [B, T, D]

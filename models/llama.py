@@ -19,6 +19,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from .attention import TreeMask, attend
@@ -142,15 +143,50 @@ class Block(nnx.Module):
         return x + (self.mlp_out_norm(h) if self.sandwich else h), cache
 
 
-def decode(model: nnx.Module, x, positions, cache: KVCache, tree: TreeMask | None = None, features: bool = False):
+def feature_layers(features, num_layers: int) -> tuple[int, ...] | None:
+    """The layer selection in `features` (a bool, or layer indices), checked against a model
+    of `num_layers` blocks: None for False/True (no features, or the final-norm state)."""
+    if features is None or isinstance(features, bool):
+        return None
+    try:
+        layers = tuple(features)
+    except TypeError:
+        raise ValueError(f"features must be a bool or a tuple of layer indices, got {features!r}") from None
+    if not layers:
+        raise ValueError("features=() selects no layer: pass False, True (the final-norm state) or layer indices")
+    bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int | np.integer) or not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(
+            f"feature layers {bad} do not exist: the model has {num_layers} layers, indices 0..{num_layers - 1}"
+        )
+    if len(set(layers)) != len(layers):
+        raise ValueError(f"feature layers {list(layers)} repeat an index")
+    return tuple(int(i) for i in layers)
+
+
+def feature_width(config: ModelConfig, features) -> int:
+    """The last-axis width of the features `forward(..., features=features)` returns."""
+    layers = feature_layers(features, config.num_hidden_layers)
+    return config.hidden_size * (1 if layers is None else len(layers))
+
+
+def decode(model: nnx.Module, x, positions, cache: KVCache, tree: TreeMask | None = None, features=False):
     """The part every family shares: blocks, final norm, (tied) LM head, cache lengths.
 
     x: embedded tokens [B, T, D] -> (logits [B, T, V] float32, updated cache), plus with
-    `features` the final-norm hidden states [B, T, D] the LM head reads (what draft heads
-    such as Medusa and EAGLE are conditioned on; free, since they are computed anyway).
+    `features` hidden states (what draft heads such as Medusa and EAGLE are conditioned on;
+    free, since they are computed anyway):
+      True: the final-norm states the LM head reads, [B, T, D];
+      layer indices (i0, i1, ..): the residual stream after each of those blocks (block i's
+        output, before any final norm), concatenated in that order, [B, T, len * D]:
+        EAGLE-3 reads a low, a middle and a high layer this way.
     """
+    layers = feature_layers(features, len(model.layers))
+    taken = {}  # layer -> [B, T, D]; only the selected ones are kept alive
     for layer, block in enumerate(model.layers):
         x, cache = block(x, positions, cache, layer, tree)
+        if layers is not None and layer in layers:
+            taken[layer] = x
     x = model.final_norm(x)
     if model.config.tie_word_embeddings:
         logits = jnp.einsum("btd,vd->btv", x, model.embed[...])
@@ -164,6 +200,8 @@ def decode(model: nnx.Module, x, positions, cache: KVCache, tree: TreeMask | Non
     # its positions, and which of them become committed is the caller's to say.
     if tree is None:
         cache = cache.replace(lengths=jnp.max(positions, axis=1).astype(jnp.int32) + 1)
+    if layers is not None:
+        return logits, cache, jnp.concatenate([taken[i] for i in layers], axis=-1)  # [B, T, len * D]
     if features:
         return logits, cache, x
     return logits, cache
@@ -192,8 +230,9 @@ class Llama(nnx.Module):
             self.lm_head = nnx.Param(_init(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
         self.config = config
 
-    def __call__(self, tokens, positions, cache: KVCache, tree: TreeMask | None = None, features: bool = False):
-        """tokens, positions: [B, T] int32 -> (logits [B, T, V] float32, updated cache)."""
+    def __call__(self, tokens, positions, cache: KVCache, tree: TreeMask | None = None, features=False):
+        """tokens, positions: [B, T] int32 -> (logits [B, T, V] float32, updated cache[, features]);
+        `features`: False, True or layer indices, as `decode` takes them."""
         return decode(self, self.embed_tokens(tokens), positions, cache, tree, features)
 
     def embed_tokens(self, tokens):  # [B, T] -> [B, T, D]

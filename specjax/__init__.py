@@ -33,14 +33,13 @@ from specjax.engine.loop import CacheConfig
 from specjax.engine.output import GenerationOutput, GenerationStats, PreparedGeneration
 from specjax.engine.sampling import SamplingConfig, probabilities
 from specjax.engine.speculative import (
-    SpecPlan,
-    SpecState,
     init_speculative_state,
     prepare_speculative_generate,
     speculative_generate,
     speculative_step,
     state_output,
 )
+from specjax.engine.state import SpecPlan, SpecState
 from specjax.io.hf import load_model, save_model
 from specjax.io.model import Model, init_model, logits
 from specjax.models import KVCache, ModelConfig, init_cache

@@ -23,8 +23,9 @@ from specjax.engine.decode import DecodeState, decode_step
 from specjax.engine.decode import init_state as decode_init
 from specjax.engine.loop import DEFAULT_CACHE, CacheConfig
 from specjax.engine.sampling import SamplingConfig
-from specjax.engine.speculative import SpecPlan, SpecState, draft_context, speculative_round
 from specjax.engine.speculative import init_state as spec_init
+from specjax.engine.speculative import speculative_round
+from specjax.engine.state import SpecPlan, SpecState, draft_context
 from specjax.io.model import Model
 from specjax.models import ModelConfig
 from specjax.trees.acceptance import default_tree_rule

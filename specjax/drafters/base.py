@@ -122,6 +122,8 @@ class Drafter(abc.ABC):
 
     # Feature-conditioned drafters (Medusa, EAGLE) read the target's hidden states, which the
     # engine then returns from the prefill and every verify pass (DraftContext.features).
+    # The engine passes this value as forward's `features=`: True for the final-norm state
+    # [.., D], or a tuple of block indices for those blocks' outputs concatenated [.., n * D].
     needs_features = False
 
     # Trees (specjax/trees). A drafter that can expand a token tree overrides these two.

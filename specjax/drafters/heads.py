@@ -66,6 +66,7 @@ def save_drafter(drafter: Drafter, path, target_name: str | None = None, target:
             "num_attention_heads": c.num_attention_heads,
             "num_key_value_heads": c.num_key_value_heads,
             "intermediate_size": c.intermediate_size,
+            "feature_layers": list(drafter.feature_layers),  # [] = the final-norm feature
         }
     config = {
         "format": FORMAT,
@@ -110,7 +111,8 @@ def load_drafter(path, target=None) -> Drafter:
         layer = head_config(
             target_config, config["num_attention_heads"], config["num_key_value_heads"], config["intermediate_size"]
         )
-        drafter = Eagle(params=params, config=layer)
+        # Heads saved before multi-layer features have no "feature_layers": the final-norm feature.
+        drafter = Eagle(params=params, config=layer, feature_layers=tuple(config.get("feature_layers", ())))
     else:
         raise ValueError(f"unknown head kind {config['kind']!r} in {path}")
     if target_config is not None:

@@ -7,7 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from specjax.models import KVCache, ModelConfig, forward, init_cache
+from specjax.models import KVCache, ModelConfig, feature_width, forward, init_cache
 from specjax.models.cache import DEFAULT_BLOCK_SIZE
 
 
@@ -46,7 +46,7 @@ def prefill(
     prompt_lengths,
     cache_length: int,
     cache: CacheConfig = DEFAULT_CACHE,
-    features: bool = False,
+    features: bool | tuple[int, ...] = False,
 ) -> KVCache | tuple[KVCache, jax.Array]:
     """Write the K/V of right-padded prompts [B, T_bucket] into a fresh cache.
 
@@ -62,7 +62,8 @@ def prefill(
     with the K/V they already hold.
 
     Returns the cache, or with `features` (cache, hidden states [B, T_bucket, D] of every
-    prompt position: what a feature-conditioned draft head starts from).
+    prompt position: what a feature-conditioned draft head starts from; [B, T_bucket, n * D]
+    for a tuple of n layer indices, as `forward` takes them).
     """
     b, t = prompt.shape
     kv = init_cache(config, b, cache_length, dtype=cache.dtype, block_size=cache.block_size)
@@ -83,7 +84,7 @@ def prefill(
             hidden = jax.lax.dynamic_update_slice_in_dim(hidden, out[2].astype(hidden.dtype), start, axis=1)
         return out[1], hidden
 
-    hidden = jnp.zeros((b, t, config.hidden_size), jnp.dtype(config.dtype)) if features else None
+    hidden = jnp.zeros((b, t, feature_width(config, features)), jnp.dtype(config.dtype)) if features else None
     num_chunks = (jnp.max(prompt_lengths) + chunk - 1) // chunk
     kv, hidden = jax.lax.fori_loop(0, num_chunks, body_fn, (kv, hidden))
     kv = kv.replace(lengths=prompt_lengths)

@@ -18,24 +18,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.drafters import Drafter, as_drafter
-from specjax.engine.acceptance import AcceptanceRule, default_rule
-from specjax.engine.adaptive import (
-    AdaptiveConfig,
-    adaptive_round,
-    adaptive_stats,
-    init_adaptive,
-    plan_tokens,
-    resolve_adaptive,
-)
-from specjax.engine.loop import DEFAULT_CACHE, CacheConfig, commit, gather_tokens, prefill, token_buffer
+from specjax.engine.acceptance import AcceptanceRule
+from specjax.engine.adaptive import AdaptiveConfig, adaptive_round, adaptive_stats, init_adaptive
+from specjax.engine.loop import CacheConfig, commit, gather_tokens, prefill, token_buffer
 from specjax.engine.output import GenerationOutput, PreparedGeneration, collect_output
-from specjax.engine.prompts import prepare_prompts
-from specjax.engine.sampling import SamplingConfig, probabilities
-from specjax.engine.state import SpecPlan, SpecState, accepted_positions, draft_context
+from specjax.engine.plan import plan_generation
+from specjax.engine.sampling import probabilities
+from specjax.engine.state import SpecState, accepted_positions, draft_context
 from specjax.engine.tree_round import tree_round
 from specjax.io.model import Model
 from specjax.models import forward
-from specjax.trees.acceptance import default_tree_rule
 from specjax.trees.tree import Tree
 
 
@@ -189,48 +181,6 @@ def _generate(
     return jax.lax.while_loop(cond_fn, body_fn, state)
 
 
-def _prepare(
-    target,
-    draft,
-    prompts,
-    num_speculative_tokens,
-    max_new_tokens,
-    temperature,
-    top_k,
-    top_p,
-    rule,
-    cache_config,
-    tree=None,
-    adaptive=False,
-):
-    """(prompt batch, plan, the drafter's weights, adaptive costs or None) after checking every argument."""
-    sampling = SamplingConfig(temperature, top_k, top_p)
-    drafter = as_drafter(draft)
-    if tree is not None:
-        if not isinstance(tree, Tree):
-            raise ValueError(f"tree must be a specjax.Tree (Tree.from_paths, Tree.chain, Tree.preset), got {tree!r}")
-        drafter.check_tree(target.config, tree)
-        # A tree's nodes occupy N slots past the root, whatever its depth.
-        num_speculative_tokens = tree.num_nodes
-    elif not isinstance(num_speculative_tokens, int | np.integer) or num_speculative_tokens < 1:
-        raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {num_speculative_tokens!r}")
-    else:
-        drafter.check(target.config, int(num_speculative_tokens))
-    num_speculative_tokens = plan_tokens(adaptive, num_speculative_tokens)
-    batch = prepare_prompts(target, prompts, max_new_tokens, headroom=num_speculative_tokens + 1)
-    plan = SpecPlan(
-        target=target.config,
-        drafter=drafter.without_weights(),
-        num_speculative_tokens=int(num_speculative_tokens),
-        sampling=sampling,
-        rule=rule or (default_rule(sampling) if tree is None else default_tree_rule(sampling)),
-        cache=cache_config or DEFAULT_CACHE,
-        tree=tree,
-    )
-    plan, costs = resolve_adaptive(adaptive, plan, target, drafter, batch, rule)
-    return batch, plan, drafter.weights(), costs
-
-
 def init_speculative_state(
     target: Model,
     draft: Model | Drafter,
@@ -254,7 +204,7 @@ def init_speculative_state(
     exactly the caller's rows (no batch-bucket padding), so its arrays and `state_output`
     read row for row.
     """
-    batch, plan, weights, costs = _prepare(
+    batch, plan, weights, costs = plan_generation(
         target,
         draft,
         prompts,
@@ -348,7 +298,7 @@ def prepare_speculative_generate(
     adaptive: bool | AdaptiveConfig = False,
 ) -> PreparedGeneration:
     """Check and pad the inputs of `speculative_generate` once; run them (repeatedly) later."""
-    batch, plan, weights, costs = _prepare(
+    batch, plan, weights, costs = plan_generation(
         target,
         draft,
         prompts,

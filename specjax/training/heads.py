@@ -30,12 +30,12 @@ import jax.numpy as jnp
 import optax
 from tqdm.auto import tqdm
 
-from specjax.drafters.eagle import Eagle, head_config, init_eagle_params, teacher_forced
+from specjax.drafters.eagle import Eagle, head_config, init_eagle_params, teacher_forced, unrolled
 from specjax.drafters.heads import save_drafter
 from specjax.drafters.medusa import Medusa, init_medusa_params, medusa_hidden, target_logits
 from specjax.engine.speculative import speculative_generate
 from specjax.io.model import Model
-from specjax.models import ModelConfig, full_forward
+from specjax.models import ModelConfig, feature_layers, full_forward
 from specjax.training.data import DataConfig, held_out_prompts, training_batch
 from specjax.training.runs import open_run, resume_or_start
 from specjax.training.train import OptimConfig, make_optimizer
@@ -52,6 +52,9 @@ class EagleHeadConfig:
     intermediate_size: int = 256
     feature_weight: float = 1.0
     token_weight: float = 0.1
+    # () reads the final-norm feature (EAGLE); block indices (low, mid, high) read those
+    # blocks' outputs concatenated (EAGLE-3), and training unrolls one step (eagle.unrolled).
+    feature_layers: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,9 +110,23 @@ def medusa_loss(target_config: ModelConfig, target_params, head_params, tokens):
     return jnp.mean(jnp.stack(losses)), jnp.stack(losses)
 
 
-def eagle_loss(config: ModelConfig, target_config: ModelConfig, target_params, head_params, tokens, weights):
-    """EAGLE's loss on tokens [B, T]: (total, [feature smooth-L1, token KL])."""
-    logits, features, head_logits, predicted = teacher_forced(config, head_params, target_config, target_params, tokens)
+def eagle_loss(config: ModelConfig, target_config: ModelConfig, target_params, head_params, tokens, weights, layers=()):
+    """EAGLE's loss on tokens [B, T]: (total, [feature smooth-L1, token KL]). A multi-layer
+    head (`layers`) averages both over its two unrolled passes ([2, B, T, ..] broadcasts)."""
+    if layers:
+        logits, features, head_logits, predicted = unrolled(
+            config, head_params, target_config, target_params, tokens, layers
+        )
+    else:
+        logits, features, head_logits, predicted = teacher_forced(
+            config, head_params, target_config, target_params, tokens
+        )
+    return eagle_objective(logits, features, head_logits, predicted, weights)
+
+
+def eagle_objective(logits, features, head_logits, predicted, weights):
+    """The loss from the target's logits [B, T, V] and final-norm features [B, T, D] and the
+    head's ([B, T, ..] or [2, B, T, ..] unrolled) -> (total, [feature smooth-L1, token KL])."""
     feature_loss = jnp.mean(optax.huber_loss(predicted, features, delta=1.0))
     teacher = jax.nn.log_softmax(logits, axis=-1)
     token_kl = jnp.mean(jnp.sum(jnp.exp(teacher) * (teacher - jax.nn.log_softmax(head_logits, axis=-1)), axis=-1))
@@ -144,10 +161,13 @@ def _kind(config: HeadTrainConfig, target: Model) -> _Kind:
         )
     e = config.eagle
     layer = head_config(target.config, e.num_attention_heads, e.num_key_value_heads, e.intermediate_size)
+    # Checked before any training: a bad index is a ValueError naming it.
+    layers = feature_layers(e.feature_layers, target.config.num_hidden_layers) if e.feature_layers else ()
+    weights = (e.feature_weight, e.token_weight)
     return _Kind(
-        initial=init_eagle_params(layer, target.params, config.seed, target.config),
-        as_head=lambda params: Eagle(params=params, config=layer),
-        loss=functools.partial(eagle_loss, layer, target.config, weights=(e.feature_weight, e.token_weight)),
+        initial=init_eagle_params(layer, target.params, config.seed, target.config, layers),
+        as_head=lambda params: Eagle(params=params, config=layer, feature_layers=layers),
+        loss=functools.partial(eagle_loss, layer, target.config, weights=weights, layers=layers),
         part_names=("feature_loss", "token_kl"),
     )
 
