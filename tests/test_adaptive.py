@@ -229,3 +229,32 @@ def test_adaptive_errors(target, noisy_draft):
         specjax.AdaptiveConfig(decay=1.0)
     with pytest.raises(ValueError, match="pass no tree"):
         specjax.speculative_generate(target, noisy_draft, PROMPTS, tree=specjax.Tree.chain(2), adaptive=CHEAP)
+
+
+def test_every_bench_config_loads_and_adaptive_twins():
+    """Every shipped bench config parses (E11's included), and `adaptive: true` adds one adaptive
+    twin per (batch, temperature, drafter) with K_MAX = the largest K among its specs."""
+    from pathlib import Path
+
+    from specjax.bench.config import BenchConfig
+    from specjax.bench.measure import RunSpec, adaptive_specs_for
+    from specjax.configs import load_config
+
+    configs = sorted((Path(__file__).parents[1] / "configs").glob("e[0-9]*_*.yaml"))
+    assert any(p.name == "e11_adaptive.yaml" for p in configs)
+    for path in configs:
+        load_config(BenchConfig, path)
+    e11 = load_config(BenchConfig, Path(__file__).parents[1] / "configs" / "e11_adaptive.yaml")
+    assert e11.adaptive_sweep.k_max == 8 and e11.max_k == 8
+    specs = [
+        RunSpec("speculative", 1, 2),
+        RunSpec("speculative", 1, 4),
+        RunSpec("plain", 1),
+        RunSpec("speculative", 4, 3, 1.0, "x"),
+    ]
+    twins = adaptive_specs_for(specs)
+    assert twins == [RunSpec("speculative", 1, 4, adaptive=True), RunSpec("speculative", 4, 3, 1.0, "x", adaptive=True)]
+    with pytest.raises(ValueError, match="static_ks"):
+        load_config(
+            BenchConfig, Path(__file__).parents[1] / "configs" / "e11_adaptive.yaml", ["adaptive_sweep.static_ks=[9]"]
+        )
