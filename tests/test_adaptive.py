@@ -21,7 +21,6 @@ from specjax.engine.loop import prefill, token_buffer
 from specjax.engine.sampling import SamplingConfig
 
 NEW = 24
-KEY = jax.random.key(0)
 # Costs under which the policy keeps switching: K = 0 wins the argmax unless the draft
 # always agrees, and probe_budget=1 probes with K = 1 after every plain step.
 SWITCHING = specjax.AdaptiveConfig(ks=(0, 1, 2), costs={0: 1.0, 1: 2.0, 2: 100.0}, probe_budget=1.0)
@@ -95,14 +94,14 @@ def test_policy_explores_first_and_probes_a_switched_off_draft_within_its_budget
     config = specjax.AdaptiveConfig(ks=(0, 1, 4), probe_budget=0.05).resolved(4)
     ad = init_adaptive(config.cost_vector({0: 1.0, 1: 1.5, 4: 2.0}), batch=2, width=4, max_rounds=8)
     live = jnp.ones((2,), bool)
-    assert int(policy(ad, config, live, KEY)) == 2  # round 0 drafts K_MAX
+    assert int(policy(ad, config, live)) == 2  # round 0 drafts K_MAX
     never = ad.replace(round=jnp.int32(5), tries=jnp.full((1, 2, 4), 50.0))  # 50 tries, no hits
-    assert int(policy(never, config, live, KEY)) == 0
+    assert int(policy(never, config, live)) == 0
     # (1.5 - 1) / (0.05 * 1) = 10 plain steps between probes, and the probe is the cheapest K > 0.
-    assert int(policy(never.replace(plain_run=jnp.int32(9)), config, live, KEY)) == 0
-    assert int(policy(never.replace(plain_run=jnp.int32(10)), config, live, KEY)) == 1
+    assert int(policy(never.replace(plain_run=jnp.int32(9)), config, live)) == 0
+    assert int(policy(never.replace(plain_run=jnp.int32(10)), config, live)) == 1
     always = ad.replace(round=jnp.int32(5), tries=jnp.full((1, 2, 4), 50.0), hits=jnp.full((1, 2, 4), 50.0))
-    assert int(policy(always, config, live, KEY)) == 2
+    assert int(policy(always, config, live)) == 2
     assert isinstance(ad, AdaptiveState)
 
 

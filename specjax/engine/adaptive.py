@@ -12,12 +12,14 @@ that row's past rounds, and cost(K) is the measured seconds of one loop iteratio
 this batch size (bench/round_costs.py, or the caller's). Only past rounds feed the choice,
 so each round's tokens are still distributed exactly as the target's.
 
-The estimate is a Beta posterior over exponentially forgotten counts: hits and tries decay
-by `decay` every round that drafts, so a draft whose agreement shifts mid-generation
-(code turning into prose, a passage that starts repeating) is followed within about
-1 / (1 - decay) rounds. The argmax is taken over one draw from each posterior (Thompson
-sampling), not over its mean: a draft judged on one unlucky round still gets tried while
-its posterior is wide, and a draft that failed many times is almost never tried again.
+The estimate is a Beta posterior over exponentially forgotten counts: at each position a
+round reaches, hits and tries decay by `decay`, so a draft whose agreement shifts
+mid-generation (code turning into prose, a passage that starts repeating) is followed
+within about 1 / (1 - decay) rounds; positions a round does not reach keep their evidence.
+A position's prior is centred on the previous position's estimate. The argmax is taken
+over one draw from each posterior (Thompson sampling), not over its mean: a draft judged
+on one unlucky round still gets tried while its posterior is wide, and a draft that failed
+many times is almost never tried again.
 Two rounds are not the argmax's to choose:
   - the first round drafts K_MAX, so every position gets evidence before the prior decides;
   - after a run of P plain steps the policy probes the draft with the cheapest K > 0, where
@@ -29,7 +31,6 @@ Two rounds are not the argmax's to choose:
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -155,9 +156,10 @@ class AdaptiveState:
     estimate: jax.Array  # [R] float32: the chosen group's mean estimate of position 1 over live rows
     round: jax.Array  # [] int32
     plain_run: jax.Array  # [] int32: plain steps since the last round that drafted
+    key: jax.Array  # the posterior draws' key (folded with the round number)
 
 
-def init_adaptive(costs, batch: int, width: int, max_rounds: int, groups: int = 1) -> AdaptiveState:
+def init_adaptive(costs, batch: int, width: int, max_rounds: int, groups: int = 1, key=None) -> AdaptiveState:
     return AdaptiveState(
         costs=jnp.asarray(costs, jnp.float32),
         hits=jnp.zeros((groups, batch, width), jnp.float32),
@@ -169,17 +171,33 @@ def init_adaptive(costs, batch: int, width: int, max_rounds: int, groups: int = 
         estimate=jnp.zeros((max_rounds,), jnp.float32),
         round=jnp.zeros((), jnp.int32),
         plain_run=jnp.zeros((), jnp.int32),
+        key=jax.random.key(0) if key is None else key,
     )
 
 
 def acceptance_estimate(ad: AdaptiveState, config: AdaptiveConfig, key=None) -> jax.Array:
-    """[B, K_MAX]: each row's per-position acceptance, the posterior mean (key None) or one
-    draw from the posterior Beta(hits + a, misses + b)."""
-    a = config.prior * config.prior_weight
-    b = config.prior_weight - a
+    """[G, B, W]: each row's acceptance of draft position i given the earlier ones: the
+    posterior mean (key None), or one draw from the posterior (Thompson sampling).
+
+    Position i's prior is centred on position i - 1's posterior mean (position 1's on
+    `prior`), with `prior_weight` rounds of weight: a position no round has reached yet is
+    expected to behave like the one before it, not like a coin. The draw is from the normal
+    with the posterior's mean and variance, clipped to [0, 1]: Beta draws cost a rejection
+    loop per entry, and the policy only needs the spread.
+    """
+    w = config.prior_weight
+    # mean_i = a_i + b_i mean_{i-1} with a = hits / (tries + w), b = w / (tries + w), unrolled
+    # as mean_i = P_i (prior + sum_{j<=i} a_j / P_j) with P_i = b_1 ... b_i: a few vector ops
+    # instead of a loop over positions (the policy runs before every round). b >= w / (w +
+    # 1 / (1 - decay)) keeps P far from underflow.
+    a = ad.hits / (ad.tries + w)
+    b = w / (ad.tries + w)
+    p = jnp.cumprod(b, axis=-1)  # [G, B, W]
+    mean = p * (config.prior + jnp.cumsum(a / p, axis=-1))
     if key is None:
-        return (ad.hits + a) / (ad.tries + config.prior_weight)
-    return jax.random.beta(key, ad.hits + a, ad.tries - ad.hits + b)
+        return mean
+    sd = jnp.sqrt(mean * (1.0 - mean) / (ad.tries + w + 1.0))
+    return jnp.clip(mean + sd * jax.random.normal(key, mean.shape), 0.0, 1.0)
 
 
 def expected_tokens(alpha, widths, groups) -> jax.Array:
@@ -197,11 +215,12 @@ def choose(alpha, live, costs, widths, groups) -> jax.Array:
     return jnp.argmax(tokens / costs).astype(jnp.int32)
 
 
-def policy(ad: AdaptiveState, config: AdaptiveConfig, live, key) -> jax.Array:
-    """[] int32: the index of this round's candidate (see the module docstring)."""
+def policy(ad: AdaptiveState, config: AdaptiveConfig, live) -> jax.Array:
+    """[] int32: the index of this round's candidate (see the module docstring). The posterior
+    draw's key depends on the round number only, so the choice is a function of the state."""
     widths, last = config.widths, len(config.widths) - 1
-    alpha = acceptance_estimate(ad, config, key if config.thompson else None)
-    index = choose(alpha, live, ad.costs, widths, config.groups)
+    key = jax.random.fold_in(ad.key, ad.round) if config.thompson else None
+    index = choose(acceptance_estimate(ad, config, key), live, ad.costs, widths, config.groups)
     if widths[0] != 0:  # no plain steps, nothing to probe
         return jnp.where(ad.round == 0, last, index).astype(jnp.int32)
     probe_every = jnp.maximum(jnp.ceil((ad.costs[1] - ad.costs[0]) / (config.probe_budget * ad.costs[0])), 1)
@@ -266,40 +285,56 @@ def _branch(c: int, chain_round, target_params, draft_weights, state: SpecState)
     return chain_round(target_params, draft_weights, state.replace(plan=fixed)).replace(plan=plan)
 
 
-def adaptive_round(target_params, draft_weights, state: SpecState, chain_round) -> SpecState:
-    """Choose a candidate from the past, run its branch, and fold the outcome into its estimate."""
-    config, ad = state.plan.adaptive, state.adaptive
-    live = ~state.done
-    rng, key = jax.random.split(state.rng)
-    state = state.replace(rng=rng)
-    index = policy(ad, config, live, key)
-    branches = [functools.partial(_branch, c, chain_round) for c in range(len(config.widths))]
-    new = jax.lax.switch(index, branches, target_params, draft_weights, state)
-
-    width = jnp.asarray(config.widths, jnp.int32)[index]  # positions (depths) this round drafted
-    group = jnp.asarray(config.groups, jnp.int32)[index]
-    num_accepted = jnp.sum(new.accepted_at - state.accepted_at, axis=1)  # [B]
+def _learn(c: int, before: SpecState, after: SpecState) -> SpecState:
+    """Fold candidate c's round (before -> after) into its estimate and the statistics.
+    Only positions the round reached learn and forget: evidence about positions it did not
+    draft stays as it was (a plain step brings none)."""
+    config, ad = before.plan.adaptive, before.adaptive
+    width, group, live = config.widths[c], config.groups[c], ~before.done
+    num_accepted = jnp.sum(after.accepted_at - before.accepted_at, axis=1)  # [B]
     i = jnp.arange(1, ad.hits.shape[2] + 1)[None, :]  # draft positions 1..W
     tried = (i <= width) & (num_accepted[:, None] >= i - 1) & live[:, None]  # [B, W]
     hit = (i <= num_accepted[:, None]) & live[:, None]
-    # Only the drafting group learns and forgets; plain steps bring no evidence, so they keep it.
-    mine = (jnp.arange(ad.hits.shape[0]) == group)[:, None, None] & (width > 0)  # [G, 1, 1]
-    forget = jnp.where(mine, config.decay, 1.0)
+    mine = tried[None] & (jnp.arange(ad.hits.shape[0]) == group)[:, None, None]  # [G, B, W]
     mean = acceptance_estimate(ad, config)[group, :, 0]  # [B]
     r = jnp.minimum(ad.round, ad.chosen.shape[0] - 1)
-    return new.replace(
+    return after.replace(
         adaptive=ad.replace(
-            hits=forget * ad.hits + mine * hit,
-            tries=forget * ad.tries + mine * tried,
+            hits=jnp.where(mine, config.decay * ad.hits + hit[None], ad.hits),
+            tries=jnp.where(mine, config.decay * ad.tries + 1.0, ad.tries),
             tried_at=ad.tried_at + tried.astype(jnp.int32),
-            drafted=ad.drafted + jnp.asarray(config.drafted, jnp.int32)[index] * live.astype(jnp.int32),
-            rounds_per_k=ad.rounds_per_k.at[index].add(1),
-            chosen=ad.chosen.at[r].set(index),
+            drafted=ad.drafted + config.drafted[c] * live.astype(jnp.int32),
+            rounds_per_k=ad.rounds_per_k.at[c].add(1),
+            chosen=ad.chosen.at[r].set(c),
             estimate=ad.estimate.at[r].set(jnp.sum(mean * live) / jnp.maximum(jnp.sum(live), 1)),
             round=ad.round + 1,
-            plain_run=jnp.where(width > 0, 0, ad.plain_run + 1),
+            plain_run=ad.plain_run + 1 if width == 0 else jnp.zeros_like(ad.plain_run),
         )
     )
+
+
+def adaptive_round(target_params, draft_weights, state: SpecState, chain_round) -> SpecState:
+    """Rounds of the candidate the policy picks, for as long as it keeps picking it.
+
+    One `lax.switch` per run of equal choices, not per round: on XLA:CPU a conditional in
+    the loop body costs about a copy of the loop state (the KV caches) each time it runs,
+    15% of a plain step for the embedded pair. Inside a run the rounds are an ordinary
+    while loop, and the policy is evaluated before every round, exactly as if each round
+    were its own switch.
+    """
+    config = state.plan.adaptive
+
+    def run_of(c: int):
+        def cond_fn(s: SpecState):
+            return ~jnp.all(s.done) & (policy(s.adaptive, config, ~s.done) == c)
+
+        def body_fn(s: SpecState):
+            return _learn(c, s, _branch(c, chain_round, target_params, draft_weights, s))
+
+        return lambda s: jax.lax.while_loop(cond_fn, body_fn, s)
+
+    index = policy(state.adaptive, config, ~state.done)
+    return jax.lax.switch(index, [run_of(c) for c in range(len(config.widths))], state)
 
 
 def adaptive_stats(stats, state: SpecState, num_rows: int | None):

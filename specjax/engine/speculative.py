@@ -134,7 +134,8 @@ def init_state(
     if plan.adaptive is not None:
         # A round commits at least one token per live row, so cache_length bounds the rounds.
         groups = 1 + len(plan.adaptive.trees or ())
-        ad = init_adaptive(costs, batch, plan.accepted_width, max_rounds=cache_length, groups=groups)
+        key = jax.random.fold_in(rng, 1)  # the policy's own stream: sampling's is left as it was
+        ad = init_adaptive(costs, batch, plan.accepted_width, max_rounds=cache_length, groups=groups, key=key)
         state = state.replace(adaptive=ad)
     ctx = draft_context(state, target_params).replace(features=features)
     return state.replace(draft_state=plan.drafter.init(draft_weights, ctx, prompt, cache_length))
