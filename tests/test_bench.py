@@ -31,8 +31,8 @@ BYTE_CONFIG = TARGET_CONFIG.replace(vocab_size=259)
 K_MAX = 3
 
 # E8 (methods) runs in test_bench_prompts.py, with file prompts and several drafters; E9
-# (trees) in test_bench_trees.py.
-TINY_EXPERIMENTS = [name for name in EXPERIMENTS if name not in ("methods", "trees")]
+# (trees) in test_bench_trees.py; E10 (scaling, 8 devices) in test_sharding.py.
+TINY_EXPERIMENTS = [name for name in EXPERIMENTS if name not in ("methods", "trees", "scaling")]
 TINY_BENCH = {
     "experiments": TINY_EXPERIMENTS,
     "prompts": {"count": 2, "prompt_bytes": 12},
@@ -50,6 +50,13 @@ TINY_BENCH = {
     },
     "waste": {"ks": [1, K_MAX]},
     "sampling": {"ks": [2], "temperatures": [0.0, 1.0], "test_samples": 1500, "test_num_speculative_tokens": 2},
+    "adaptive_sweep": {  # two of E11's four scenarios (each adaptive run compiles a few programs)
+        "k_max": K_MAX,
+        "static_ks": [1, K_MAX],
+        "batch_sizes": [2],
+        "random_draft": False,
+        "shift_prompts": {"count": 1, "prompt_bytes": 12},
+    },
 }
 
 
@@ -246,3 +253,17 @@ def test_bench_cli_rejects_a_misspelt_key(tmp_path, capsys):
     config.write_text("k_sweep: {kss: [1]}\n")
     assert main(["bench", "--config", str(config), "--out", str(tmp_path / "out")]) == 2
     assert "unknown config key k_sweep.kss" in capsys.readouterr().err
+
+
+def test_e11_compares_adaptive_with_plain_and_every_static_k(bench):
+    result = _experiment(bench, "adaptive_sweep")
+    scenarios = [(c["scenario"], c["batch_size"]) for c in result["comparisons"]]
+    assert scenarios == [("batch", 2), ("shift", 1)]
+    for c in result["comparisons"]:
+        assert set(c["static_speedups"]) == {1, K_MAX}
+        assert isinstance(c["meets_aim"], bool) and c["adaptive_speedup_vs_plain"] > 0
+        assert sum(c["adaptive_rounds_per_k"].values()) > 0
+    adaptive_rows = [r for r in result["rows"] if r.get("adaptive")]
+    assert adaptive_rows and all(r["output_matches_plain"] for r in adaptive_rows)
+    assert all(r["num_speculative_tokens"] == K_MAX and r["adaptive_costs_seconds"] for r in adaptive_rows)
+    assert len(result["trajectory"]["chosen_k"]) == len(result["trajectory"]["estimate_position_1"]) > 0

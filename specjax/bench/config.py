@@ -358,6 +358,9 @@ class BenchConfig:
             "batch_sweep": [self.batch_sweep.num_speculative_tokens],
             "context_sweep": [self.context_sweep.num_speculative_tokens],
             "waste": self.waste.ks,
-            "adaptive_sweep": [self.adaptive_sweep.k_max, self.adaptive_sweep.random_k],
+            "adaptive_sweep": [
+                self.adaptive_sweep.k_max,
+                *([self.adaptive_sweep.random_k] * self.adaptive_sweep.random_draft),
+            ],
         }
         return max([1, *(k for name in self.experiments for k in ks.get(name, []))])

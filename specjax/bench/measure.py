@@ -148,7 +148,8 @@ def adaptive_counters(stats: list[GenerationStats]) -> dict:
     return {
         "adaptive_rounds_per_k": rounds_per_k,
         "adaptive_plain_steps": sum(s.adaptive["plain_steps"] for s in stats),
-        "adaptive_mean_k": sum(k * n for k, n in rounds_per_k.items()) / total if total else 0.0,
+        "adaptive_mean_k": sum(k * n for k, n in rounds_per_k.items() if isinstance(k, int)) / total if total else 0.0,
+        "adaptive_costs_seconds": dict(zip(stats[0].adaptive["ks"], stats[0].adaptive["costs_seconds"], strict=True)),
     }
 
 
