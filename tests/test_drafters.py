@@ -138,8 +138,10 @@ def test_layer_skip_and_draft_model_errors(target, small_draft):
 def test_model_drafter_behind_another_catches_up_k_plus_1_tokens(target):
     """After another drafter's K tokens and the bonus were accepted, a draft model that has
     seen none of them must catch up K + 1 tokens. With the target itself as the draft, a
-    correct catch-up proposes exactly the target's greedy continuation; the width-2
-    catch-up of a lone draft model (the negative control) reads stale slots and does not."""
+    correct catch-up proposes exactly the target's greedy continuation. A wide catch-up
+    does it in one forward; a lone draft model's width-2 catch-up does it because `resync`
+    first re-feeds what its cache lacks (cache.lengths says how much). The negative control:
+    a cache whose lengths claim K/V it never received is not repaired and reads stale slots."""
     k = 3
     prompt = [1, 2, 3, 4, 5]
     continuation = specjax.generate(target, [prompt], max_new_tokens=2 * k + 1).tokens[0]
@@ -156,11 +158,14 @@ def test_model_drafter_behind_another_catches_up_k_plus_1_tokens(target):
         sampling=specjax.SamplingConfig(),
     )
     expected = continuation[k + 1 :]
-    for drafter, catches_up in (
-        (specjax.DraftModel(target).tolerating_lag(k + 1), True),
-        (specjax.DraftModel(target), False),
+    honest = state.draft_state  # its cache holds the prompt, and its lengths say so
+    claiming = honest.replace(cache=honest.cache.replace(lengths=ctx.lengths - 1))
+    for drafter, draft_state, catches_up in (
+        (specjax.DraftModel(target).tolerating_lag(k + 1), honest, True),
+        (specjax.DraftModel(target), honest, True),
+        (specjax.DraftModel(target), claiming, False),
     ):
-        proposal, _ = jax.jit(drafter.propose)(target.params, state.draft_state, ctx, jax.random.key(0))
+        proposal, _ = jax.jit(drafter.propose)(target.params, draft_state, ctx, jax.random.key(0))
         assert (np.asarray(proposal.tokens)[0].tolist() == expected) == catches_up
 
 
