@@ -21,28 +21,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _repo_import import import_specjax_from_this_repository
 
-
-def _import_specjax_from_this_repository() -> None:
-    if "specjax" in sys.modules:
-        return
-    spec = importlib.util.spec_from_file_location(
-        "specjax", ROOT / "specjax" / "__init__.py", submodule_search_locations=[str(ROOT / "specjax"), str(ROOT)]
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["specjax"] = module
-    spec.loader.exec_module(module)
-
-
-_import_specjax_from_this_repository()
+import_specjax_from_this_repository()
 
 import jax  # noqa: E402
 
