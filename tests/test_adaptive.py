@@ -3,6 +3,8 @@ synthetic inputs, the draft cache after plain steps, and one compiled program.""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,14 +18,17 @@ import specjax
 from specjax.drafters import DraftContext
 from specjax.drafters.draft_model import resync
 from specjax.engine.acceptance import always_accept_rule
-from specjax.engine.adaptive import AdaptiveState, choose, expected_tokens, init_adaptive, policy
+from specjax.engine.adaptive import AdaptiveState, _learn, choose, expected_tokens, init_adaptive, policy
 from specjax.engine.loop import prefill, token_buffer
 from specjax.engine.sampling import SamplingConfig
 
 NEW = 24
-# Costs under which the policy keeps switching: K = 0 wins the argmax unless the draft
-# always agrees, and probe_budget=1 probes with K = 1 after every plain step.
-SWITCHING = specjax.AdaptiveConfig(ks=(0, 1, 2), costs={0: 1.0, 1: 2.0, 2: 100.0}, probe_budget=1.0)
+# Costs under which the policy keeps switching: the first round drafts K_MAX, then K = 0
+# wins the argmax unless the draft always agrees, and probe_budget=1 probes with K = 1 after
+# every plain step.
+SWITCHING = specjax.AdaptiveConfig(
+    ks=(0, 1, 2), costs={0: 1.0, 1: 2.0, 2: 100.0}, probe_budget=1.0, start_at_max=True
+)
 # Costs of a cheap draft: speculating pays as soon as the draft is accepted at all.
 CHEAP = specjax.AdaptiveConfig(costs={0: 1.0, 1: 1.1, 2: 1.2, 4: 1.4})
 
@@ -90,23 +95,68 @@ def test_choose_prefers_plain_for_a_draft_that_never_agrees_and_k_max_for_one_th
     assert int(choose(alpha, live, jnp.asarray([1.0, 1.5, 1.5]), (0, 4, 2), (0, 1, 2))) == 2
 
 
-def test_policy_explores_first_and_probes_a_switched_off_draft_within_its_budget():
+def test_policy_starts_from_the_prior_and_probes_a_switched_off_draft_within_its_budget():
     config = specjax.AdaptiveConfig(ks=(0, 1, 4), probe_budget=0.05).resolved(4)
-    ad = init_adaptive(config.cost_vector({0: 1.0, 1: 1.5, 4: 2.0}), batch=2, width=4, max_rounds=8)
+    ad = init_adaptive(config.cost_vector({0: 1.0, 1: 1.4, 4: 2.0}), batch=2, width=4, max_rounds=8)
     live = jnp.ones((2,), bool)
-    assert int(policy(ad, config, live)) == 2  # round 0 drafts K_MAX
-    never = ad.replace(round=jnp.int32(5), tries=jnp.full((1, 2, 4), 50.0))  # 50 tries, no hits
+    # The prior (0.5 at every position): 1, 1.5 and 1.94 tokens for 1, 1.4 and 2 -> K = 1.
+    assert int(policy(ad, config, live)) == 1
+    # Where the prior's mean says plain, the first round probes: the optimistic estimate
+    # (one sd above the mean) says speculating may pay, and no plain step came before.
+    pricey = ad.replace(costs=config.cost_vector({0: 1.0, 1: 2.0, 4: 3.0}))
+    assert int(policy(pricey, config, live)) == 1
+    assert int(policy(pricey, dataclasses.replace(config, optimism=0.0), live)) == 1
+    assert int(policy(pricey.replace(plain_run=jnp.int32(0)), dataclasses.replace(config, optimism=0.0), live)) == 0
+    assert int(policy(ad, dataclasses.replace(config, start_at_max=True), live)) == 2
+    never = ad.replace(round=jnp.int32(5), tries=jnp.full((1, 2, 4), 50.0), plain_run=jnp.int32(0))  # no hits
     assert int(policy(never, config, live)) == 0
-    # (1.5 - 1) / (0.05 * 1) = 10 plain steps between probes, and the probe is the cheapest K > 0.
-    assert int(policy(never.replace(plain_run=jnp.int32(9)), config, live)) == 0
-    assert int(policy(never.replace(plain_run=jnp.int32(10)), config, live)) == 1
+    # (1.4 - 1) / (0.05 * 1) = 8 plain steps between probes, and the probe is the cheapest K > 0.
+    assert int(policy(never.replace(plain_run=jnp.int32(7)), config, live)) == 0
+    assert int(policy(never.replace(plain_run=jnp.int32(8)), config, live)) == 1
     always = ad.replace(round=jnp.int32(5), tries=jnp.full((1, 2, 4), 50.0), hits=jnp.full((1, 2, 4), 50.0))
     assert int(policy(always, config, live)) == 2
     assert isinstance(ad, AdaptiveState)
 
 
+def test_rounds_forget_positions_they_stopped_reaching():
+    """After many rounds of K = 8 that reject position 5, a run of K = 2 rounds that always
+    agree fades positions 3..8 towards position 2's estimate: the policy climbs back to
+    K = 8 by itself. Plain steps forget nothing."""
+    config = specjax.AdaptiveConfig(ks=(0, 2, 8)).resolved(8)
+    costs = config.cost_vector({0: 1.0, 2: 1.5, 8: 3.0})
+    ad = init_adaptive(costs, batch=1, width=8, max_rounds=64)
+    ad = ad.replace(
+        hits=jnp.asarray([[[10.0, 10.0, 10.0, 10.0, 0.0, 0.0, 0.0, 0.0]]]),
+        tries=jnp.asarray([[[10.0, 10.0, 10.0, 10.0, 10.0, 0.0, 0.0, 0.0]]]),
+    )
+    live = jnp.ones((1,), bool)
+    assert int(policy(ad, config, live)) == 1  # position 5 never agrees: K = 2 beats K = 8
+
+    class Step:  # what _learn reads of a loop state
+        def __init__(self, ad, accepted):
+            self.adaptive, self.accepted_at = ad, jnp.asarray([[accepted]])
+            self.done, self.plan = jnp.zeros((1,), bool), type("Plan", (), {"adaptive": config})
+
+        def replace(self, adaptive):
+            return Step(adaptive, int(self.accepted_at[0, 0]))
+
+    state = Step(ad, 0)
+    for _ in range(3):  # plain steps: nothing changes
+        state = _learn(0, state, Step(state.adaptive, int(state.accepted_at[0, 0])))
+    np.testing.assert_array_equal(state.adaptive.tries, ad.tries)
+    rounds = 0
+    while int(policy(state.adaptive, config, live)) == 1:
+        state = _learn(1, state, Step(state.adaptive, int(state.accepted_at[0, 0]) + 2))
+        rounds += 1
+        assert rounds < 40
+    assert int(policy(state.adaptive, config, live)) == 2
+    assert rounds >= 5  # ten rounds of evidence against position 5 take a while to fade
+
+
 TREES = specjax.AdaptiveConfig(
-    trees=(specjax.Tree.chain(2), specjax.Tree.full(2, 2)), costs={0: 1.0, "tree0": 1.2, "tree1": 1.3}
+    trees=(specjax.Tree.chain(2), specjax.Tree.full(2, 2)),
+    costs={0: 1.0, "tree0": 1.2, "tree1": 1.3},
+    start_at_max=True,
 )
 
 
@@ -213,9 +263,9 @@ def test_measured_costs_are_cached_per_shape(target, noisy_draft, plain):
     assert out.tokens == plain.tokens
     costs = out.stats.adaptive["costs_seconds"]
     assert len(costs) == 3 and all(c > 0 for c in costs)
-    measured = len(round_costs._TABLE._seconds)
+    measured = len(round_costs._SECONDS)
     again = specjax.speculative_generate(target, noisy_draft, PROMPTS, 2, max_new_tokens=NEW, adaptive=True)
-    assert len(round_costs._TABLE._seconds) == measured
+    assert len(round_costs._SECONDS) == measured
     assert again.stats.adaptive["costs_seconds"] == costs
 
 

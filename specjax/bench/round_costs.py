@@ -1,21 +1,26 @@
 """Seconds per loop iteration at each K, for adaptive speculation (engine/adaptive.py).
 
-A plain decode step for K = 0 and a speculative round of K otherwise, each timed as it
-runs inside the generation loop (bench/loops.py), round-robin so that their ratios hold on a
-noisy machine. Results are memoised per shape for the life of the process, so a second
-generation of the same shape measures nothing.
+A plain decode step for K = 0 and a speculative round of K otherwise, each run as it runs
+inside the generation loop (bench/loops.py), round-robin so that their ratios hold on a
+noisy machine. What the policy needs is the *marginal* cost of one more iteration: a timed
+call also pays a fixed dispatch cost (about 4 ms on the 2-core CPU, three plain steps of the
+embedded pair at batch 1), which divided over a few iterations compresses every ratio
+towards 1. So each loop is timed at two lengths and the cost is the slope,
+(t(long) - t(short)) / (long - short). Results are memoised per shape for the life of the
+process, so a second generation of the same shape measures nothing.
 """
 
 from __future__ import annotations
 
-from specjax.bench.cost import CostTable
+from specjax.bench.loops import loop_call, loop_key
+from specjax.bench.timing import interleaved, median
 from specjax.drafters import Drafter
 from specjax.engine.adaptive import AdaptiveConfig
 from specjax.engine.loop import DEFAULT_CACHE
 from specjax.io.model import Model
 
-# Short on purpose: the policy needs ratios between K, not absolute times.
-_TABLE = CostTable(inner=4, repeats=3)
+SHORT, LONG, REPEATS = 2, 10, 5
+_SECONDS: dict[tuple, float] = {}  # loop_key -> marginal seconds per iteration
 
 
 def measure_round_costs(
@@ -25,16 +30,23 @@ def measure_round_costs(
     config: AdaptiveConfig,
     context: int,
     temperature: float = 0.0,
-    table: CostTable | None = None,
+    repeats: int = REPEATS,
 ) -> dict:
-    """{candidate label: seconds of one loop iteration} for a batch of `batch` rows and a cache
-    of `context` slots: K for chains (0 = a plain step), "tree0", ... for the config's trees."""
-    table = table or _TABLE
+    """{candidate label: marginal seconds of one loop iteration} for a batch of `batch` rows
+    and a cache of `context` slots: K for chains (0 = a plain step), "tree0", ... for the
+    config's trees."""
     trees = (None,) * len(config.labels) if not config.trees else (None, *config.trees)
     loops = {}
     for label, drafted, tree in zip(config.labels, config.drafted, trees, strict=True):
         room = max(context, 2 * (drafted + 2))  # room for the rounds on a half-filled cache
         part, drafter = ("step", None) if drafted == 0 else ("round", draft)
         loops[label] = (part, target, drafter, batch, drafted, room, temperature, None, DEFAULT_CACHE, tree)
-    table.measure_loops(list(loops.values()))
-    return {label: table.loop_seconds(loop) for label, loop in loops.items()}
+    todo = {loop_key(*loop): loop for loop in loops.values() if loop_key(*loop) not in _SECONDS}
+    calls = {(key, n): loop_call(*loop, inner=n) for key, loop in todo.items() for n in (SHORT, LONG)}
+    times = interleaved(calls, repeats, warmup=1)
+    for key in todo:
+        short, long = median(times[(key, SHORT)]), median(times[(key, LONG)])
+        # Noise can make the slope tiny or negative; a quarter of the long call's average is a
+        # floor no real iteration goes under (the fixed cost is below three quarters of it).
+        _SECONDS[key] = max((long - short) / (LONG - SHORT), 0.25 * long / LONG)
+    return {label: _SECONDS[loop_key(*loop)] for label, loop in loops.items()}

@@ -12,20 +12,26 @@ that row's past rounds, and cost(K) is the measured seconds of one loop iteratio
 this batch size (bench/round_costs.py, or the caller's). Only past rounds feed the choice,
 so each round's tokens are still distributed exactly as the target's.
 
-The estimate is a Beta posterior over exponentially forgotten counts: at each position a
-round reaches, hits and tries decay by `decay`, so a draft whose agreement shifts
-mid-generation (code turning into prose, a passage that starts repeating) is followed
-within about 1 / (1 - decay) rounds; positions a round does not reach keep their evidence.
-A position's prior is centred on the previous position's estimate. The argmax is taken
-over one draw from each posterior (Thompson sampling), not over its mean: a draft judged
-on one unlucky round still gets tried while its posterior is wide, and a draft that failed
-many times is almost never tried again.
-Two rounds are not the argmax's to choose:
-  - the first round drafts K_MAX, so every position gets evidence before the prior decides;
-  - after a run of P plain steps the policy probes the draft with the cheapest K > 0, where
-    P = ceil((cost(probe) - cost(0)) / (probe_budget * cost(0))): a draft that never agrees
-    costs at most `probe_budget` of plain decoding's time, one that starts agreeing is
-    noticed within P steps.
+The estimate is a Beta posterior over exponentially forgotten counts. Each round that
+drafts multiplies its estimate's hits and tries by `decay` at every position and adds what it
+saw at the positions it reached: a draft whose agreement shifts mid-generation (code turning
+into prose, a passage that starts repeating) is followed within about 1 / (1 - decay)
+rounds, and the evidence about positions that rounds stopped reaching fades too. A
+position's prior is centred on the previous position's estimate, so a faded position is
+expected to behave like the one before it: after a run of short rounds that all agree, a
+long K looks as good as it probably is, and the policy climbs back to it without a probe.
+Plain steps bring no evidence and forget nothing.
+The argmax is over the posterior mean; `thompson=True` takes it over one draw from each
+posterior instead (measured on the embedded pair at batch 1, the draws spread rounds over
+every K and cost about 10%, see README "E11").
+The first round chooses from the prior like any other, except that it probes when the prior
+says plain (`start_at_max=True`: it drafts K_MAX, so that every position gets evidence
+first). The draft is switched off only when an estimate `optimism` standard deviations above
+the mean says plain too; otherwise the round probes with the cheapest K > 0. After a run of
+P plain steps the policy probes the draft with the cheapest K > 0, where
+P = ceil((cost(probe) - cost(0)) / (probe_budget * cost(0))): a draft that never agrees costs
+at most `probe_budget` of plain decoding's time, one that starts agreeing is noticed within
+P steps.
 """
 
 from __future__ import annotations
@@ -59,8 +65,12 @@ class AdaptiveConfig:
       weight in rounds.
     probe_budget: the share of plain decoding's time that probing a switched-off draft
       may cost (it sets how often the policy probes).
-    thompson: choose by a draw from the posterior (True) or by its mean (False: greedy,
-      deterministic, and slow to recover from an unlucky start).
+    optimism: the draft is switched off (K = 0) only when the estimate `optimism` posterior
+      standard deviations above its mean says so too; until then the policy probes with the
+      cheapest K > 0. One unlucky round does not switch a good draft off for P steps.
+    thompson: choose by a draw from each posterior (True) instead of its mean (False).
+    start_at_max: the first round drafts K_MAX (or the last tree) instead of what the prior
+      favours: evidence at every position at once, for the price of one long round.
     trees: choose among these token trees (specjax.Tree) and a plain step instead of chains;
       each tree keeps its own acceptance estimate by depth (its width shapes it). Costs are
       then keyed 0 (the plain step) and "tree0", "tree1", ... in this order.
@@ -72,8 +82,10 @@ class AdaptiveConfig:
     prior: float = 0.5
     prior_weight: float = 1.0
     probe_budget: float = 0.03
-    thompson: bool = True
+    optimism: float = 1.0
+    thompson: bool = False
     trees: tuple | None = None
+    start_at_max: bool = False
 
     def __post_init__(self):
         if self.ks is not None:
@@ -87,6 +99,8 @@ class AdaptiveConfig:
             raise ValueError(
                 f"adaptive prior must lie in (0, 1) with prior_weight > 0, got {self.prior}, {self.prior_weight}"
             )
+        if self.optimism < 0:
+            raise ValueError(f"adaptive optimism must be >= 0 standard deviations, got {self.optimism}")
         if not 0.0 < self.probe_budget <= 1.0:
             raise ValueError(f"adaptive probe_budget must lie in (0, 1], got {self.probe_budget}")
         if self.trees is not None:
@@ -159,6 +173,9 @@ class AdaptiveState:
     key: jax.Array  # the posterior draws' key (folded with the round number)
 
 
+_NEVER_DRAFTED = 2**30  # plain_run before the first round: longer than any probe interval
+
+
 def init_adaptive(costs, batch: int, width: int, max_rounds: int, groups: int = 1, key=None) -> AdaptiveState:
     return AdaptiveState(
         costs=jnp.asarray(costs, jnp.float32),
@@ -170,14 +187,15 @@ def init_adaptive(costs, batch: int, width: int, max_rounds: int, groups: int = 
         chosen=jnp.full((max_rounds,), -1, jnp.int32),
         estimate=jnp.zeros((max_rounds,), jnp.float32),
         round=jnp.zeros((), jnp.int32),
-        plain_run=jnp.zeros((), jnp.int32),
+        plain_run=jnp.asarray(_NEVER_DRAFTED, jnp.int32),  # round 0 probes rather than step plain
         key=jax.random.key(0) if key is None else key,
     )
 
 
-def acceptance_estimate(ad: AdaptiveState, config: AdaptiveConfig, key=None) -> jax.Array:
+def acceptance_estimate(ad: AdaptiveState, config: AdaptiveConfig, key=None, optimism: float = 0.0) -> jax.Array:
     """[G, B, W]: each row's acceptance of draft position i given the earlier ones: the
-    posterior mean (key None), or one draw from the posterior (Thompson sampling).
+    posterior mean plus `optimism` standard deviations (key None), or one draw from the
+    posterior (Thompson sampling).
 
     Position i's prior is centred on position i - 1's posterior mean (position 1's on
     `prior`), with `prior_weight` rounds of weight: a position no round has reached yet is
@@ -194,10 +212,11 @@ def acceptance_estimate(ad: AdaptiveState, config: AdaptiveConfig, key=None) -> 
     b = w / (ad.tries + w)
     p = jnp.cumprod(b, axis=-1)  # [G, B, W]
     mean = p * (config.prior + jnp.cumsum(a / p, axis=-1))
-    if key is None:
+    if key is None and not optimism:
         return mean
     sd = jnp.sqrt(mean * (1.0 - mean) / (ad.tries + w + 1.0))
-    return jnp.clip(mean + sd * jax.random.normal(key, mean.shape), 0.0, 1.0)
+    shift = optimism * sd if key is None else sd * jax.random.normal(key, mean.shape)
+    return jnp.clip(mean + shift, 0.0, 1.0)
 
 
 def expected_tokens(alpha, widths, groups) -> jax.Array:
@@ -221,11 +240,16 @@ def policy(ad: AdaptiveState, config: AdaptiveConfig, live) -> jax.Array:
     widths, last = config.widths, len(config.widths) - 1
     key = jax.random.fold_in(ad.key, ad.round) if config.thompson else None
     index = choose(acceptance_estimate(ad, config, key), live, ad.costs, widths, config.groups)
-    if widths[0] != 0:  # no plain steps, nothing to probe
-        return jnp.where(ad.round == 0, last, index).astype(jnp.int32)
-    probe_every = jnp.maximum(jnp.ceil((ad.costs[1] - ad.costs[0]) / (config.probe_budget * ad.costs[0])), 1)
-    index = jnp.where((index == 0) & (ad.plain_run >= probe_every), 1, index)
-    return jnp.where(ad.round == 0, last, index).astype(jnp.int32)
+    if widths[0] == 0:
+        # Switch the draft off only when an optimistic estimate agrees, and probe it when off.
+        hopeful = choose(
+            acceptance_estimate(ad, config, optimism=config.optimism), live, ad.costs, widths, config.groups
+        )
+        probe_every = jnp.maximum(jnp.ceil((ad.costs[1] - ad.costs[0]) / (config.probe_budget * ad.costs[0])), 1)
+        index = jnp.where((index == 0) & ((hopeful != 0) | (ad.plain_run >= probe_every)), 1, index)
+    if config.start_at_max:
+        index = jnp.where(ad.round == 0, last, index)
+    return index.astype(jnp.int32)
 
 
 def plain_round(target_params, draft_weights, state: SpecState) -> SpecState:
@@ -287,21 +311,23 @@ def _branch(c: int, chain_round, target_params, draft_weights, state: SpecState)
 
 def _learn(c: int, before: SpecState, after: SpecState) -> SpecState:
     """Fold candidate c's round (before -> after) into its estimate and the statistics.
-    Only positions the round reached learn and forget: evidence about positions it did not
-    draft stays as it was (a plain step brings none)."""
+    A round that drafts forgets at every position of its estimate and counts the positions
+    it reached; a plain step brings no evidence and forgets nothing."""
     config, ad = before.plan.adaptive, before.adaptive
     width, group, live = config.widths[c], config.groups[c], ~before.done
     num_accepted = jnp.sum(after.accepted_at - before.accepted_at, axis=1)  # [B]
     i = jnp.arange(1, ad.hits.shape[2] + 1)[None, :]  # draft positions 1..W
     tried = (i <= width) & (num_accepted[:, None] >= i - 1) & live[:, None]  # [B, W]
     hit = (i <= num_accepted[:, None]) & live[:, None]
-    mine = tried[None] & (jnp.arange(ad.hits.shape[0]) == group)[:, None, None]  # [G, B, W]
+    mine = (jnp.arange(ad.hits.shape[0]) == group)[:, None, None] & live[None, :, None]  # [G, B, 1]
+    if width == 0:
+        mine = jnp.zeros_like(mine)
     mean = acceptance_estimate(ad, config)[group, :, 0]  # [B]
     r = jnp.minimum(ad.round, ad.chosen.shape[0] - 1)
     return after.replace(
         adaptive=ad.replace(
             hits=jnp.where(mine, config.decay * ad.hits + hit[None], ad.hits),
-            tries=jnp.where(mine, config.decay * ad.tries + 1.0, ad.tries),
+            tries=jnp.where(mine, config.decay * ad.tries + tried[None], ad.tries),
             tried_at=ad.tried_at + tried.astype(jnp.int32),
             drafted=ad.drafted + config.drafted[c] * live.astype(jnp.int32),
             rounds_per_k=ad.rounds_per_k.at[c].add(1),
