@@ -27,7 +27,7 @@ NEW = 24
 # wins the argmax unless the draft always agrees, and probe_budget=1 probes with K = 1 after
 # every plain step.
 SWITCHING = specjax.AdaptiveConfig(
-    ks=(0, 1, 2), costs={0: 1.0, 1: 2.0, 2: 100.0}, probe_budget=1.0, start_at_max=True
+    ks=(0, 1, 2), costs={0: 1.0, 1: 2.0, 2: 100.0}, probe_budget=1.0, switch_cost=0.0, start_at_max=True
 )
 # Costs of a cheap draft: speculating pays as soon as the draft is accepted at all.
 CHEAP = specjax.AdaptiveConfig(costs={0: 1.0, 1: 1.1, 2: 1.2, 4: 1.4})
@@ -89,6 +89,12 @@ def test_choose_prefers_plain_for_a_draft_that_never_agrees_and_k_max_for_one_th
     # Finished rows do not count: one live row that never agrees decides.
     alpha = jnp.concatenate([jnp.ones((1, 2, 8)), jnp.zeros((1, 1, 8))], axis=1)
     assert int(choose(alpha, jnp.asarray([False, False, True]), costs, ks, groups)) == 0
+    # A static batch takes as long as its slowest row: with one row at 0.95 and one at 0.3,
+    # the most tokens per second come from K = 8 (8.83 tokens for 2.6), while the batch ends
+    # soonest with K = 1 (the slow row's 1.3 tokens for 1.2).
+    mixed = jnp.stack([jnp.full((8,), 0.95), jnp.full((8,), 0.3)])[None]
+    assert int(choose(mixed, jnp.ones((2,)), costs, ks, groups, "throughput")) == 4
+    assert int(choose(mixed, jnp.ones((2,)), costs, ks, groups)) == 1
     # Trees read their own estimate (group) over their depth: a plain step, a deep narrow
     # tree (group 1, depth 4) whose estimate is poor, a shallow wide one (group 2, depth 2) that is good.
     alpha = jnp.stack([jnp.zeros((3, 4)), jnp.full((3, 4), 0.2), jnp.full((3, 4), 0.9)])
@@ -110,9 +116,10 @@ def test_policy_starts_from_the_prior_and_probes_a_switched_off_draft_within_its
     assert int(policy(ad, dataclasses.replace(config, start_at_max=True), live)) == 2
     never = ad.replace(round=jnp.int32(5), tries=jnp.full((1, 2, 4), 50.0), plain_run=jnp.int32(0))  # no hits
     assert int(policy(never, config, live)) == 0
-    # (1.4 - 1) / (0.05 * 1) = 8 plain steps between probes, and the probe is the cheapest K > 0.
-    assert int(policy(never.replace(plain_run=jnp.int32(7)), config, live)) == 0
-    assert int(policy(never.replace(plain_run=jnp.int32(8)), config, live)) == 1
+    # (1.4 - 1 + 1) / (0.05 * 1) = 28 plain steps between probes (a probe's switches cost
+    # one plain step), and the probe is the cheapest K > 0.
+    assert int(policy(never.replace(plain_run=jnp.int32(27)), config, live)) == 0
+    assert int(policy(never.replace(plain_run=jnp.int32(28)), config, live)) == 1
     always = ad.replace(round=jnp.int32(5), tries=jnp.full((1, 2, 4), 50.0), hits=jnp.full((1, 2, 4), 50.0))
     assert int(policy(always, config, live)) == 2
     assert isinstance(ad, AdaptiveState)
@@ -276,6 +283,10 @@ def test_adaptive_errors(target, noisy_draft):
         specjax.speculative_generate(target, noisy_draft, PROMPTS, 4, adaptive=specjax.AdaptiveConfig(costs={0: 1.0}))
     with pytest.raises(ValueError, match="decay must lie in"):
         specjax.AdaptiveConfig(decay=1.0)
+    with pytest.raises(ValueError, match="objective must be 'makespan' or 'throughput'"):
+        specjax.AdaptiveConfig(objective="goodput")
+    with pytest.raises(ValueError, match="optimism and explore must be >= 0"):
+        specjax.AdaptiveConfig(explore=-1.0)
     with pytest.raises(ValueError, match="pass no tree"):
         specjax.speculative_generate(target, noisy_draft, PROMPTS, tree=specjax.Tree.chain(2), adaptive=CHEAP)
 

@@ -19,7 +19,7 @@ from specjax.engine.adaptive import AdaptiveConfig
 from specjax.engine.loop import DEFAULT_CACHE
 from specjax.io.model import Model
 
-SHORT, LONG, REPEATS = 2, 10, 5
+SHORT, LONG, REPEATS = 2, 10, 7
 _SECONDS: dict[tuple, float] = {}  # loop_key -> marginal seconds per iteration
 
 

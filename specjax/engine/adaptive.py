@@ -2,13 +2,16 @@
 
 Each candidate K is a static-shaped branch of one `lax.switch`: K = 0 is a plain decode
 step (a verify of width 1 that drafts nothing), K > 0 a chain round of K (speculative.py).
-The branch index is the argmax of expected committed tokens per second,
+The branch index is the K that would finish the batch soonest if every remaining round
+used it,
 
-    tokens(K) = sum over live rows of 1 + sum_{i <= K} prod_{j <= i} alpha[row, j]
-    score(K)  = tokens(K) / cost(K)
+    tokens(row, K) = 1 + sum_{i <= K} prod_{j <= i} alpha[row, j]
+    time(K)        = cost(K) * max over live rows of remaining(row) / tokens(row, K)
 
-where alpha[row, i] estimates P(draft position i is accepted | positions < i were) from
-that row's past rounds, and cost(K) is the measured seconds of one loop iteration at K for
+(a static batch takes as long as its slowest row; `objective="throughput"` maximises the
+sum of tokens(row, K) over live rows per second instead), where alpha[row, i] estimates
+P(draft position i is accepted | positions < i were) from that row's past rounds, and cost(K) is
+the measured seconds of one loop iteration at K for
 this batch size (bench/round_costs.py, or the caller's). Only past rounds feed the choice,
 so each round's tokens are still distributed exactly as the target's.
 
@@ -22,14 +25,16 @@ expected to behave like the one before it: after a run of short rounds that all 
 long K looks as good as it probably is, and the policy climbs back to it without a probe.
 Plain steps bring no evidence and forget nothing.
 The argmax is over the posterior mean; `thompson=True` takes it over one draw from each
-posterior instead (measured on the embedded pair at batch 1, the draws spread rounds over
-every K and cost about 10%, see README "E11").
+posterior instead (on the embedded pair at batch 1 the draws spread rounds over every K).
 The first round chooses from the prior like any other, except that it probes when the prior
 says plain (`start_at_max=True`: it drafts K_MAX, so that every position gets evidence
 first). The draft is switched off only when an estimate `optimism` standard deviations above
 the mean says plain too; otherwise the round probes with the cheapest K > 0. After a run of
 P plain steps the policy probes the draft with the cheapest K > 0, where
-P = ceil((cost(probe) - cost(0)) / (probe_budget * cost(0))): a draft that never agrees costs
+P = ceil((cost(probe) - cost(0) + switch_cost * cost(0)) / (probe_budget * cost(0))): a probe
+costs its longer round and two branch switches (on the CPU about one plain step together:
+scripts/adaptive_overhead.py, 9 probes of K = 1 cost 1.7 ms each, where a plain step costs
+1.0 ms and cost(1) - cost(0) is 0.6 ms), so a draft that never agrees costs
 at most `probe_budget` of plain decoding's time, one that starts agreeing is noticed within
 P steps.
 """
@@ -65,9 +70,18 @@ class AdaptiveConfig:
       weight in rounds.
     probe_budget: the share of plain decoding's time that probing a switched-off draft
       may cost (it sets how often the policy probes).
+    switch_cost: what the two branch switches of a probe cost, in plain steps (about 1 on
+      the CPU; it lengthens the interval between probes).
+    explore: choose by the estimate `explore` posterior standard deviations above its mean
+      (upper confidence bound), which favours the longer K whose deep positions lack
+      evidence; 0 (the default) chooses by the mean.
     optimism: the draft is switched off (K = 0) only when the estimate `optimism` posterior
       standard deviations above its mean says so too; until then the policy probes with the
       cheapest K > 0. One unlucky round does not switch a good draft off for P steps.
+    objective: "makespan" (default): the K that finishes the batch soonest if every remaining
+      round used it, i.e. cost x the most rounds any live row still needs; the right aim for
+      a static batch, whose slowest row sets its time. "throughput": the most expected
+      tokens per second over live rows (what a server with continuous batching wants).
     thompson: choose by a draw from each posterior (True) instead of its mean (False).
     start_at_max: the first round drafts K_MAX (or the last tree) instead of what the prior
       favours: evidence at every position at once, for the price of one long round.
@@ -82,7 +96,10 @@ class AdaptiveConfig:
     prior: float = 0.5
     prior_weight: float = 1.0
     probe_budget: float = 0.03
-    optimism: float = 1.0
+    switch_cost: float = 1.0
+    explore: float = 0.0
+    optimism: float = 2.0
+    objective: str = "makespan"
     thompson: bool = False
     trees: tuple | None = None
     start_at_max: bool = False
@@ -99,8 +116,14 @@ class AdaptiveConfig:
             raise ValueError(
                 f"adaptive prior must lie in (0, 1) with prior_weight > 0, got {self.prior}, {self.prior_weight}"
             )
-        if self.optimism < 0:
-            raise ValueError(f"adaptive optimism must be >= 0 standard deviations, got {self.optimism}")
+        if self.objective not in ("makespan", "throughput"):
+            raise ValueError(f"adaptive objective must be 'makespan' or 'throughput', got {self.objective!r}")
+        if self.switch_cost < 0:
+            raise ValueError(f"adaptive switch_cost must be >= 0 plain steps, got {self.switch_cost}")
+        if self.optimism < 0 or self.explore < 0:
+            raise ValueError(
+                f"adaptive optimism and explore must be >= 0 standard deviations, got {self.optimism}, {self.explore}"
+            )
         if not 0.0 < self.probe_budget <= 1.0:
             raise ValueError(f"adaptive probe_budget must lie in (0, 1], got {self.probe_budget}")
         if self.trees is not None:
@@ -227,25 +250,33 @@ def expected_tokens(alpha, widths, groups) -> jax.Array:
     return 1.0 + cumulative[jnp.asarray(groups), :, jnp.asarray(widths)].T
 
 
-def choose(alpha, live, costs, widths, groups) -> jax.Array:
-    """[] int32: the candidate with the most expected tokens per second over live rows.
-    alpha [G, B, W], live [B] bool, costs [n]. Ties go to the earlier (cheaper) candidate."""
-    tokens = jnp.sum(expected_tokens(alpha, widths, groups) * live[:, None], axis=0)  # [n]
-    return jnp.argmax(tokens / costs).astype(jnp.int32)
+def choose(alpha, remaining, costs, widths, groups, objective: str = "makespan") -> jax.Array:
+    """[] int32: the candidate that finishes the batch soonest if every remaining round used it
+    ("makespan": cost x the most expected rounds any row still needs, remaining / tokens), or
+    that commits the most expected tokens per second over live rows ("throughput").
+    alpha [G, B, W]; remaining [B]: tokens each row still needs (0: done; a bool live mask
+    works); costs [n]. Ties go to the earlier (cheaper) candidate."""
+    tokens = expected_tokens(alpha, widths, groups)  # [B, n]
+    remaining = jnp.asarray(remaining, jnp.float32)[:, None]
+    if objective == "throughput":
+        return jnp.argmax(jnp.sum(tokens * (remaining > 0), axis=0) / costs).astype(jnp.int32)
+    rounds = jnp.max(remaining / tokens, axis=0)  # [n]
+    return jnp.argmin(rounds * costs).astype(jnp.int32)
 
 
-def policy(ad: AdaptiveState, config: AdaptiveConfig, live) -> jax.Array:
-    """[] int32: the index of this round's candidate (see the module docstring). The posterior
-    draw's key depends on the round number only, so the choice is a function of the state."""
+def policy(ad: AdaptiveState, config: AdaptiveConfig, remaining) -> jax.Array:
+    """[] int32: the index of this round's candidate (see the module docstring); remaining [B]
+    as in `choose`. The posterior draw's key depends on the round number only, so the choice
+    is a function of the state."""
     widths, last = config.widths, len(config.widths) - 1
     key = jax.random.fold_in(ad.key, ad.round) if config.thompson else None
-    index = choose(acceptance_estimate(ad, config, key), live, ad.costs, widths, config.groups)
+    args = (remaining, ad.costs, widths, config.groups, config.objective)
+    index = choose(acceptance_estimate(ad, config, key, optimism=config.explore), *args)
     if widths[0] == 0:
         # Switch the draft off only when an optimistic estimate agrees, and probe it when off.
-        hopeful = choose(
-            acceptance_estimate(ad, config, optimism=config.optimism), live, ad.costs, widths, config.groups
-        )
-        probe_every = jnp.maximum(jnp.ceil((ad.costs[1] - ad.costs[0]) / (config.probe_budget * ad.costs[0])), 1)
+        hopeful = choose(acceptance_estimate(ad, config, optimism=config.optimism), *args)
+        probe_cost = ad.costs[1] - ad.costs[0] + config.switch_cost * ad.costs[0]
+        probe_every = jnp.maximum(jnp.ceil(probe_cost / (config.probe_budget * ad.costs[0])), 1)
         index = jnp.where((index == 0) & ((hopeful != 0) | (ad.plain_run >= probe_every)), 1, index)
     if config.start_at_max:
         index = jnp.where(ad.round == 0, last, index)
@@ -339,6 +370,12 @@ def _learn(c: int, before: SpecState, after: SpecState) -> SpecState:
     )
 
 
+def _remaining(state: SpecState) -> jax.Array:
+    """[B] float32: the tokens each row still needs (0 once done)."""
+    left = state.max_new_tokens - (state.lengths - state.prompt_lengths)
+    return jnp.where(state.done, 0, jnp.maximum(left, 1)).astype(jnp.float32)
+
+
 def adaptive_round(target_params, draft_weights, state: SpecState, chain_round) -> SpecState:
     """Rounds of the candidate the policy picks, for as long as it keeps picking it.
 
@@ -352,14 +389,14 @@ def adaptive_round(target_params, draft_weights, state: SpecState, chain_round) 
 
     def run_of(c: int):
         def cond_fn(s: SpecState):
-            return ~jnp.all(s.done) & (policy(s.adaptive, config, ~s.done) == c)
+            return ~jnp.all(s.done) & (policy(s.adaptive, config, _remaining(s)) == c)
 
         def body_fn(s: SpecState):
             return _learn(c, s, _branch(c, chain_round, target_params, draft_weights, s))
 
         return lambda s: jax.lax.while_loop(cond_fn, body_fn, s)
 
-    index = policy(state.adaptive, config, ~state.done)
+    index = policy(state.adaptive, config, _remaining(state))
     return jax.lax.switch(index, [run_of(c) for c in range(len(config.widths))], state)
 
 
