@@ -27,7 +27,7 @@ from specjax.drafters import (
     save_drafter,
 )
 from specjax.engine.acceptance import AcceptanceRule, greedy_rule, rejection_sampling_rule
-from specjax.engine.adaptive import AdaptiveConfig
+from specjax.engine.adaptive_policy import AdaptiveConfig
 from specjax.engine.decode import DecodeState, generate, prepare_generate
 from specjax.engine.loop import CacheConfig
 from specjax.engine.output import GenerationOutput, GenerationStats, PreparedGeneration

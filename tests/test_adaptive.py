@@ -18,7 +18,8 @@ import specjax
 from specjax.drafters import DraftContext
 from specjax.drafters.draft_model import resync
 from specjax.engine.acceptance import always_accept_rule
-from specjax.engine.adaptive import AdaptiveState, _learn, choose, expected_tokens, init_adaptive, policy
+from specjax.engine.adaptive import _learn
+from specjax.engine.adaptive_policy import AdaptiveState, choose, expected_tokens, init_adaptive, policy
 from specjax.engine.loop import prefill, token_buffer
 from specjax.engine.sampling import SamplingConfig
 
@@ -285,7 +286,7 @@ def test_adaptive_errors(target, noisy_draft):
         specjax.AdaptiveConfig(decay=1.0)
     with pytest.raises(ValueError, match="objective must be 'makespan' or 'throughput'"):
         specjax.AdaptiveConfig(objective="goodput")
-    with pytest.raises(ValueError, match="optimism and explore must be >= 0"):
+    with pytest.raises(ValueError, match="optimism, explore and first_optimism must be >= 0"):
         specjax.AdaptiveConfig(explore=-1.0)
     with pytest.raises(ValueError, match="pass no tree"):
         specjax.speculative_generate(target, noisy_draft, PROMPTS, tree=specjax.Tree.chain(2), adaptive=CHEAP)

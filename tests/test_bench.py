@@ -56,6 +56,7 @@ TINY_BENCH = {
         "batch_sizes": [1],  # two requests per configuration, like E3's rows: one gives noisy medians
         "random_draft": False,
         "shift_prompts": {"count": 2, "prompt_bytes": 12},
+        "predict_batch_sizes": [2],
     },
 }
 
@@ -267,3 +268,9 @@ def test_e11_compares_adaptive_with_plain_and_every_static_k(bench):
     assert adaptive_rows and all(r["output_matches_plain"] for r in adaptive_rows)
     assert all(r["num_speculative_tokens"] == K_MAX and r["adaptive_costs_seconds"] for r in adaptive_rows)
     assert len(result["trajectory"]["chosen_k"]) == len(result["trajectory"]["estimate_position_1"]) > 0
+    (predicted,) = result["predictions"]
+    assert predicted["batch_size"] == 2 and set(predicted["predicted_static_speedups"]) == {1, K_MAX}
+    assert (
+        predicted["predicted_adaptive_speedup"] > 0 and sum(predicted["predicted_adaptive_rounds_per_k"].values()) > 0
+    )
+    assert "predicted (batch 2)" in result["summary"]

@@ -12,7 +12,10 @@ ratio below is measured in one run:
      block, which prompt lookup copies, then goes on with new code), with `shift_drafter`:
      adaptive should beat every static K.
 Adaptive runs use K_MAX = `k_max` and measure their own round costs at each shape
-(bench/round_costs.py). Rows carry the policy's rounds per K; `trajectory` holds the K it
+(bench/round_costs.py). `predict_batch_sizes` adds predictions (bench/adaptive_predict.py):
+the real policy and every static K simulated on the cost models' measured round costs and
+the pair's measured acceptance, for batches (or a target) too large to run here.
+Rows carry the policy's rounds per K; `trajectory` holds the K it
 chose and its estimate of position-1 acceptance, round by round, for the first shift prompt.
 """
 
@@ -20,10 +23,13 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from specjax.bench.adaptive_predict import predict
 from specjax.bench.context import BenchContext
 from specjax.bench.measure import DRAFT, RunSpec, Workload, pooled
 from specjax.bench.prompts import load_prompts
+from specjax.bench.round_costs import measure_round_costs
 from specjax.drafters import DraftModel
+from specjax.engine.adaptive_policy import AdaptiveConfig, default_ks
 from specjax.engine.speculative import prepare_speculative_generate
 from specjax.io.model import init_model
 
@@ -119,26 +125,52 @@ def adaptive_sweep(ctx: BenchContext) -> dict:
             "estimate_position_1": first.stats.adaptive["estimate_position_1"],
         }
 
+    predictions = _predictions(ctx) if cfg.predict_batch_sizes else []
+    summary = {
+        f"{c['scenario']} (batch {c['batch_size']})": {
+            "adaptive_vs_best": round(c["adaptive_vs_best"], 3),
+            "meets_aim": c["meets_aim"],
+        }
+        for c in comparisons
+    }
+    for p in predictions:
+        summary[f"predicted (batch {p['batch_size']})"] = {
+            "adaptive_vs_best": round(p["adaptive_vs_best"], 3),
+            "meets_aim": p["meets_aim"],
+        }
     return {
         "claim": "choosing K each round from past acceptance and measured costs is never much slower than "
         "plain decoding or the best static K, and beats every static K when acceptance shifts",
         "rows": rows,
         "comparisons": comparisons,
         "trajectory": trajectory,
-        "summary": {
-            f"{c['scenario']} (batch {c['batch_size']})": {
-                "adaptive_vs_best": round(c["adaptive_vs_best"], 3),
-                "meets_aim": c["meets_aim"],
-            }
-            for c in comparisons
-        },
+        "predictions": predictions,
+        "prediction_models": "cost_target/cost_draft" if ctx.separate_cost_models else "target/draft",
+        "summary": summary,
     }
+
+
+def _predictions(ctx: BenchContext) -> list[dict]:
+    """Predicted adaptive and static-K speedups at each of `predict_batch_sizes` (module docstring)."""
+    cfg = ctx.config.adaptive_sweep
+    config = AdaptiveConfig().resolved(cfg.k_max)
+    labels = tuple(sorted({*default_ks(cfg.k_max), *cfg.static_ks}))
+    measured = AdaptiveConfig(ks=labels).resolved(cfg.k_max)  # every K either side needs
+    profile = ctx.profile(cfg.temperature)
+    out = []
+    for batch in cfg.predict_batch_sizes:
+        costs = measure_round_costs(ctx.cost_target, ctx.cost_draft, batch, measured, ctx.context, cfg.temperature)
+        p = predict(config, costs, profile, batch, ctx.config.max_new_tokens, cfg.static_ks)
+        p["meets_aim"] = p["adaptive_vs_best"] >= AIMS["batch"]
+        p["aim"] = AIMS["batch"]
+        out.append(p)
+    return out
 
 
 def plot(result: dict, path, title: str):
     """Adaptive and every static K as speedup vs plain, per scenario; the shift trajectory."""
-    comparisons = result["comparisons"]
-    panels = len(comparisons) + (result["trajectory"] is not None)
+    comparisons, predictions = result["comparisons"], result.get("predictions") or []
+    panels = len(comparisons) + (result["trajectory"] is not None) + bool(predictions)
     fig, axes = plt.subplots(1, panels, figsize=(3.2 * panels, 3.4), squeeze=False)
     for ax, c in zip(axes[0], comparisons, strict=False):
         labels = ["plain", *(f"K={k}" for k in c["static_speedups"]), "adaptive"]
@@ -149,6 +181,20 @@ def plot(result: dict, path, title: str):
         ax.axhline(1.0, color="k", lw=0.5)
         ax.set_title(f"{c['scenario']}, batch {c['batch_size']}", fontsize=9)
         ax.set_ylabel("speedup vs plain")
+    if predictions:
+        ax = axes[0][len(comparisons)]
+        batches = [p["batch_size"] for p in predictions]
+        for k in predictions[0]["predicted_static_speedups"]:
+            ax.plot(batches, [p["predicted_static_speedups"][k] for p in predictions], "o-", color="0.7", lw=0.8)
+        ax.plot(
+            batches, [p["predicted_adaptive_speedup"] for p in predictions], "o-", color="tab:red", label="adaptive"
+        )
+        ax.axhline(1.0, color="k", lw=0.5)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("predicted speedup vs plain")
+        ax.set_title(f"predicted ({result['prediction_models']}); grey: static K", fontsize=8)
+        ax.legend(fontsize=7)
     if result["trajectory"] is not None:
         ax = axes[0][-1]
         traj = result["trajectory"]

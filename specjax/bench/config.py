@@ -258,8 +258,14 @@ class AdaptiveSweep:
     # (a drafter spec as in `draft`). None: skipped.
     shift_prompts: Prompts | list[Prompts] | Raw | None = None
     shift_drafter: str | ModelConfig | DrafterSpec | Raw = "prompt-lookup"
+    # Predicted, not run: the policy and static K simulated on the round costs of the cost
+    # models (cost_target/cost_draft, else the pair) at these batch sizes, with the pair's
+    # acceptance (bench/adaptive_predict.py). Empty: no prediction.
+    predict_batch_sizes: list[int] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
+        if any(b < 1 for b in self.predict_batch_sizes):
+            raise ValueError(f"adaptive_sweep.predict_batch_sizes must be >= 1, got {self.predict_batch_sizes}")
         if self.shift_prompts is not None:
             object.__setattr__(self, "shift_prompts", _parse_prompts(self.shift_prompts))
         object.__setattr__(self, "shift_drafter", parse_draft(self.shift_drafter, "adaptive_sweep.shift_drafter"))

@@ -48,7 +48,8 @@ DEFINITIONS = {
     "predicted_tokens_per_round": "E3: the cost model's tokens per round; E9: 1 + the tree's expected accepted "
     "nodes under the acceptance table (by depth and rank) measured on the tuning prompts",
     "adaptive": "E11 (and `adaptive: true`): the row's K is chosen each round, up to num_speculative_tokens = K_MAX "
-    "(engine/adaptive.py); adaptive_rounds_per_k counts rounds per K (summed over requests), adaptive_plain_steps "
+    "(engine/adaptive_policy.py); adaptive_rounds_per_k counts rounds per K (summed over requests), "
+    "adaptive_plain_steps "
     "the rounds with K = 0, adaptive_mean_k the mean K per round",
     "scenario": "E11: random (a random-weight draft), pair (the pair at batch 1), batch (other batch sizes), "
     "shift (prompts whose acceptance shifts mid-generation)",

@@ -1,4 +1,4 @@
-"""Seconds per loop iteration at each K, for adaptive speculation (engine/adaptive.py).
+"""Seconds per loop iteration at each K, for adaptive speculation (engine/adaptive_policy.py).
 
 A plain decode step for K = 0 and a speculative round of K otherwise, each run as it runs
 inside the generation loop (bench/loops.py), round-robin so that their ratios hold on a
@@ -15,7 +15,7 @@ from __future__ import annotations
 from specjax.bench.loops import loop_call, loop_key
 from specjax.bench.timing import interleaved, median
 from specjax.drafters import Drafter
-from specjax.engine.adaptive import AdaptiveConfig
+from specjax.engine.adaptive_policy import AdaptiveConfig
 from specjax.engine.loop import DEFAULT_CACHE
 from specjax.io.model import Model
 

@@ -19,7 +19,8 @@ import numpy as np
 
 from specjax.drafters import Drafter, as_drafter
 from specjax.engine.acceptance import AcceptanceRule
-from specjax.engine.adaptive import AdaptiveConfig, adaptive_round, adaptive_stats, init_adaptive
+from specjax.engine.adaptive import adaptive_round, adaptive_stats
+from specjax.engine.adaptive_policy import AdaptiveConfig, init_adaptive
 from specjax.engine.loop import CacheConfig, commit, gather_tokens, prefill, token_buffer
 from specjax.engine.output import GenerationOutput, PreparedGeneration, collect_output
 from specjax.engine.plan import plan_generation

@@ -32,7 +32,7 @@ class SpecPlan:
     rule: Callable  # an AcceptanceRule (engine/acceptance.py), or a tree rule (trees/acceptance.py)
     cache: CacheConfig = DEFAULT_CACHE
     tree: Tree | None = None  # None: a chain of K (engine/speculative.py); else a tree round
-    # An AdaptiveConfig (engine/adaptive.py, without costs): each round picks K <= K_MAX.
+    # An AdaptiveConfig (engine/adaptive_policy.py, without costs): each round picks K <= K_MAX.
     adaptive: Any = None
 
     @property
@@ -61,7 +61,7 @@ class SpecState:
     accepted_at: jax.Array  # [B, K] int32 (a tree: [B, depth]): rounds that accepted draft position / depth i
     forwards: jax.Array  # [] int32: batched target verify passes
     plan: SpecPlan = struct.field(pytree_node=False)
-    adaptive: Any = None  # an AdaptiveState (engine/adaptive.py) when plan.adaptive is set
+    adaptive: Any = None  # an AdaptiveState (engine/adaptive_policy.py) when plan.adaptive is set
 
 
 def draft_context(state: SpecState, target_params) -> DraftContext:
