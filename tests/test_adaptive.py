@@ -102,19 +102,24 @@ def test_choose_prefers_plain_for_a_draft_that_never_agrees_and_k_max_for_one_th
     assert int(choose(alpha, live, jnp.asarray([1.0, 1.5, 1.5]), (0, 4, 2), (0, 1, 2))) == 2
 
 
-def test_policy_starts_from_the_prior_and_probes_a_switched_off_draft_within_its_budget():
+def test_policy_starts_from_an_optimistic_prior_and_probes_a_switched_off_draft_within_its_budget():
     config = specjax.AdaptiveConfig(ks=(0, 1, 4), probe_budget=0.05).resolved(4)
     ad = init_adaptive(config.cost_vector({0: 1.0, 1: 1.4, 4: 2.0}), batch=2, width=4, max_rounds=8)
     live = jnp.ones((2,), bool)
-    # The prior (0.5 at every position): 1, 1.5 and 1.94 tokens for 1, 1.4 and 2 -> K = 1.
-    assert int(policy(ad, config, live)) == 1
-    # Where the prior's mean says plain, the first round probes: the optimistic estimate
-    # (one sd above the mean) says speculating may pay, and no plain step came before.
+    # Round 0 reads the prior one sd up (0.5 + 0.35 at every position): K = 4.
+    assert int(policy(ad, config, live)) == 2
+    # From the prior's mean, 1, 1.5 and 1.94 tokens for 1, 1.4 and 2 -> K = 1.
+    from_mean = dataclasses.replace(config, first_optimism=0.0)
+    assert int(policy(ad, from_mean, live)) == 1
+    # Where even the optimistic estimate says plain, the first round still probes: no plain
+    # step came before it. Later, a plain step follows such an estimate.
     pricey = ad.replace(costs=config.cost_vector({0: 1.0, 1: 2.0, 4: 3.0}))
-    assert int(policy(pricey, config, live)) == 1
-    assert int(policy(pricey, dataclasses.replace(config, optimism=0.0), live)) == 1
-    assert int(policy(pricey.replace(plain_run=jnp.int32(0)), dataclasses.replace(config, optimism=0.0), live)) == 0
-    assert int(policy(ad, dataclasses.replace(config, start_at_max=True), live)) == 2
+    cautious = dataclasses.replace(from_mean, optimism=0.0)
+    assert int(policy(pricey, cautious, live)) == 1
+    assert int(policy(pricey.replace(plain_run=jnp.int32(0)), cautious, live)) == 0
+    # ... unless the switch-off's optimism (1.5 sd) says the draft may still pay.
+    assert int(policy(pricey.replace(plain_run=jnp.int32(0)), from_mean, live)) == 1
+    assert int(policy(pricey, dataclasses.replace(cautious, start_at_max=True), live)) == 2
     never = ad.replace(round=jnp.int32(5), tries=jnp.full((1, 2, 4), 50.0), plain_run=jnp.int32(0))  # no hits
     assert int(policy(never, config, live)) == 0
     # (1.4 - 1 + 1) / (0.05 * 1) = 28 plain steps between probes (a probe's switches cost
