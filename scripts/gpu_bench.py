@@ -1,4 +1,5 @@
-"""The accelerator benchmark: configs/gpu.yaml, sized for about 8 minutes on one H200.
+"""The accelerator benchmark: configs/gpu.yaml, sized for about 8 minutes on one H200 (before E11
+was added to it; with E11 it has not run on a GPU yet).
 
 JAX picks up a GPU by itself. Cost experiments (E2 verify cost, E4 batch sweep, E5
 context sweep) time a ~0.9B-parameter bf16 random-weight target and a ~60M draft; their
@@ -43,6 +44,9 @@ CPU_OVERRIDES = [
     "batch_sweep.batch_sizes=[1,4,16]",
     "context_sweep.contexts=[512,2048]",
     "timing.repeats=3",
+    "adaptive_sweep.batch_sizes=[1]",
+    "adaptive_sweep.static_ks=[2,8]",
+    "adaptive_sweep.predict_batch_sizes=[1,4]",
 ]
 
 

@@ -19,7 +19,14 @@ from specjax.drafters import DraftContext
 from specjax.drafters.draft_model import resync
 from specjax.engine.acceptance import always_accept_rule
 from specjax.engine.adaptive import _learn
-from specjax.engine.adaptive_policy import AdaptiveState, choose, expected_tokens, init_adaptive, policy
+from specjax.engine.adaptive_policy import (
+    AdaptiveState,
+    choose,
+    expected_tokens,
+    init_adaptive,
+    policy,
+    token_moments,
+)
 from specjax.engine.loop import prefill, token_buffer
 from specjax.engine.sampling import SamplingConfig
 
@@ -79,23 +86,31 @@ def test_choose_prefers_plain_for_a_draft_that_never_agrees_and_k_max_for_one_th
     ks = (0, 1, 2, 4, 8)
     groups = (0,) * len(ks)
     costs = jnp.asarray([1.0, 1.2, 1.5, 1.8, 2.6])
-    live = jnp.ones((3,), bool)
+    live = jnp.full((3,), 100.0)  # tokens each row still needs
     assert int(choose(jnp.zeros((1, 3, 8)), live, costs, ks, groups)) == 0
     assert int(choose(jnp.ones((1, 3, 8)), live, costs, ks, groups)) == len(ks) - 1
-    # In between, the argmax of expected tokens per second: alpha = 0.5 everywhere gives
-    # 1, 1.5, 1.75, 1.94, 2.0 tokens; per second 1, 1.25, 1.17, 1.08, 0.77 -> K = 1.
+    # In between: alpha = 0.5 everywhere gives 1, 1.5, 1.75, 1.94, 2.0 tokens a round, i.e.
+    # 100, 80, 86, 93, 130 cost-weighted rounds for 100 tokens (plus the spread) -> K = 1.
     half = jnp.full((1, 1, 8), 0.5)
     np.testing.assert_allclose(expected_tokens(half, ks, groups)[0], [1, 1.5, 1.75, 1.9375, 1.99609375])
     assert int(choose(jnp.full((1, 3, 8), 0.5), live, costs, ks, groups)) == 1
     # Finished rows do not count: one live row that never agrees decides.
     alpha = jnp.concatenate([jnp.ones((1, 2, 8)), jnp.zeros((1, 1, 8))], axis=1)
-    assert int(choose(alpha, jnp.asarray([False, False, True]), costs, ks, groups)) == 0
-    # A static batch takes as long as its slowest row: with one row at 0.95 and one at 0.3,
-    # the most tokens per second come from K = 8 (8.83 tokens for 2.6), while the batch ends
-    # soonest with K = 1 (the slow row's 1.3 tokens for 1.2).
-    mixed = jnp.stack([jnp.full((8,), 0.95), jnp.full((8,), 0.3)])[None]
-    assert int(choose(mixed, jnp.ones((2,)), costs, ks, groups, "throughput")) == 4
-    assert int(choose(mixed, jnp.ones((2,)), costs, ks, groups)) == 1
+    assert int(choose(alpha, jnp.asarray([0.0, 0.0, 100.0]), costs, ks, groups)) == 0
+    # A static batch takes as long as its slowest row. At alpha = 0.9 a row needs 16.3
+    # rounds of K = 8 or 24.4 of K = 4 for 100 tokens: K = 8 for one row (2.5 x 16.3 <
+    # 1.8 x 24.4), but its rounds spread more (variance 9.1 against 2.0 tokens^2), and the
+    # slowest of 64 rows needs about 22.1 against 29.3 rounds: K = 4. Throughput ignores it.
+    costs = jnp.asarray([1.0, 1.2, 1.5, 1.8, 2.5])
+    mean, var = token_moments(jnp.full((1, 1, 8), 0.9), ks, groups)
+    for c, k in ((3, 4), (4, 8)):  # against the distribution of accepted drafts, written out
+        pmf = np.asarray([0.9**n * 0.1 for n in range(k)] + [0.9**k])
+        n = np.arange(k + 1)
+        np.testing.assert_allclose(mean[0, c], 1 + pmf @ n, rtol=1e-5)
+        np.testing.assert_allclose(var[0, c], pmf @ n**2 - (pmf @ n) ** 2, rtol=1e-4)
+    assert int(choose(jnp.full((1, 1, 8), 0.9), jnp.full((1,), 100.0), costs, ks, groups)) == 4
+    assert int(choose(jnp.full((1, 64, 8), 0.9), jnp.full((64,), 100.0), costs, ks, groups)) == 3
+    assert int(choose(jnp.full((1, 64, 8), 0.9), jnp.full((64,), 100.0), costs, ks, groups, "throughput")) == 4
     # Trees read their own estimate (group) over their depth: a plain step, a deep narrow
     # tree (group 1, depth 4) whose estimate is poor, a shallow wide one (group 2, depth 2) that is good.
     alpha = jnp.stack([jnp.zeros((3, 4)), jnp.full((3, 4), 0.2), jnp.full((3, 4), 0.9)])
@@ -105,7 +120,7 @@ def test_choose_prefers_plain_for_a_draft_that_never_agrees_and_k_max_for_one_th
 def test_policy_starts_from_an_optimistic_prior_and_probes_a_switched_off_draft_within_its_budget():
     config = specjax.AdaptiveConfig(ks=(0, 1, 4), probe_budget=0.05).resolved(4)
     ad = init_adaptive(config.cost_vector({0: 1.0, 1: 1.4, 4: 2.0}), batch=2, width=4, max_rounds=8)
-    live = jnp.ones((2,), bool)
+    live = jnp.full((2,), 100.0)  # tokens each row still needs
     # Round 0 reads the prior one sd up (0.5 + 0.35 at every position): K = 4.
     assert int(policy(ad, config, live)) == 2
     # From the prior's mean, 1, 1.5 and 1.94 tokens for 1, 1.4 and 2 -> K = 1.

@@ -5,14 +5,16 @@ step (a verify of width 1 that drafts nothing), K > 0 a chain round of K (specul
 The branch index is the K that would finish the batch soonest if every remaining round
 used it,
 
-    tokens(row, K) = 1 + sum_{i <= K} prod_{j <= i} alpha[row, j]
-    time(K)        = cost(K) * max over live rows of remaining(row) / tokens(row, K)
+    tokens(K)  = 1 + N,  P(N >= i) = prod_{j <= i} alpha[j]   (alpha pooled over live rows)
+    rounds(K)  = R / E[tokens] + sqrt(2 ln n) sqrt(R Var[tokens] / E[tokens]^3)
+    time(K)    = cost(K) * rounds(K)
 
-(a static batch takes as long as its slowest row; `objective="throughput"` maximises the
-sum of tokens(row, K) over live rows per second instead), where alpha[row, i] estimates
-P(draft position i is accepted | positions < i were) from that row's past rounds, and cost(K) is
-the measured seconds of one loop iteration at K for
-this batch size (bench/round_costs.py, or the caller's). Only past rounds feed the choice,
+for n live rows whose longest still needs R tokens: a static batch takes as long as its
+slowest row, and long rounds spread a row's progress more (`choose`).
+`objective="throughput"` maximises the sum of E[tokens] over live rows per second instead.
+alpha[row, i] estimates P(draft position i is accepted | positions < i were) from that
+row's past rounds, and cost(K) is the measured seconds of one loop iteration at K for this
+batch size (bench/round_costs.py, or the caller's). Only past rounds feed the choice,
 so each round's tokens are still distributed exactly as the target's.
 
 The estimate is a Beta posterior over exponentially forgotten counts. Each round that
@@ -243,25 +245,50 @@ def acceptance_estimate(ad: AdaptiveState, config: AdaptiveConfig, key=None, opt
     return jnp.clip(mean + shift, 0.0, 1.0)
 
 
-def expected_tokens(alpha, widths, groups) -> jax.Array:
-    """alpha [G, B, W] -> [B, n]: committed tokens per row of a round of each candidate, which
-    reads estimate groups[c] over its first widths[c] positions (0: a plain step, 1 token)."""
+def token_moments(alpha, widths, groups) -> tuple[jax.Array, jax.Array]:
+    """alpha [G, B, W] -> (mean, variance) [B, n] of the tokens a round of each candidate
+    commits per row; candidate c reads estimate groups[c] over its first widths[c] positions
+    (0: a plain step, 1 token). Tokens = 1 + N with N the accepted drafts, P(N >= i) =
+    reach_i = a_1 ... a_i, so E[N] = sum_i reach_i and E[N^2] = sum_i (2i - 1) reach_i."""
     reach = jnp.cumprod(alpha, axis=2)  # [G, B, W]: P(positions 1..i all accepted)
-    cumulative = jnp.concatenate([jnp.zeros_like(reach[..., :1]), jnp.cumsum(reach, axis=2)], axis=2)
-    return 1.0 + cumulative[jnp.asarray(groups), :, jnp.asarray(widths)].T
+    odd = 2.0 * jnp.arange(1, alpha.shape[2] + 1) - 1.0
+
+    def upto(x):  # [G, B, W] -> [B, n]: the sum over each candidate's positions
+        cumulative = jnp.concatenate([jnp.zeros_like(x[..., :1]), jnp.cumsum(x, axis=2)], axis=2)
+        return cumulative[jnp.asarray(groups), :, jnp.asarray(widths)].T
+
+    first, second = upto(reach), upto(odd * reach)
+    return 1.0 + first, second - first**2
+
+
+def expected_tokens(alpha, widths, groups) -> jax.Array:
+    """[B, n]: the mean of `token_moments`."""
+    return token_moments(alpha, widths, groups)[0]
 
 
 def choose(alpha, remaining, costs, widths, groups, objective: str = "makespan") -> jax.Array:
     """[] int32: the candidate that finishes the batch soonest if every remaining round used it
-    ("makespan": cost x the most expected rounds any row still needs, remaining / tokens), or
-    that commits the most expected tokens per second over live rows ("throughput").
-    alpha [G, B, W]; remaining [B]: tokens each row still needs (0: done; a bool live mask
-    works); costs [n]. Ties go to the earlier (cheaper) candidate."""
-    tokens = expected_tokens(alpha, widths, groups)  # [B, n]
-    remaining = jnp.asarray(remaining, jnp.float32)[:, None]
+    ("makespan"), or that commits the most expected tokens per second over live rows
+    ("throughput"). alpha [G, B, W]; remaining [B]: tokens each row still needs (0: done);
+    costs [n]. Ties go to the earlier (cheaper) candidate.
+
+    Makespan: with the live rows' pooled acceptance, a row needs about R / mean rounds for
+    the R tokens the longest row still needs, give or take sqrt(R var / mean^3); the
+    slowest of n live rows lands about sqrt(2 ln n) of those above the mean. Long rounds
+    commit more tokens but spread them more, so at a large batch a row that is unlucky
+    at K = 8 keeps everyone waiting. The estimate is pooled because a row's own estimate
+    follows its recent rounds, and the row in the deepest passing dip would decide."""
+    remaining = jnp.asarray(remaining, jnp.float32)
+    live = remaining > 0
     if objective == "throughput":
-        return jnp.argmax(jnp.sum(tokens * (remaining > 0), axis=0) / costs).astype(jnp.int32)
-    rounds = jnp.max(remaining / tokens, axis=0)  # [n]
+        tokens = expected_tokens(alpha, widths, groups)  # [B, n]
+        return jnp.argmax(jnp.sum(tokens * live[:, None], axis=0) / costs).astype(jnp.int32)
+    count = jnp.maximum(jnp.sum(live), 1)
+    pooled = jnp.sum(alpha * live[None, :, None], axis=1, keepdims=True) / count  # [G, 1, W]
+    mean, var = (x[0] for x in token_moments(pooled, widths, groups))  # [n]
+    longest = jnp.max(remaining)
+    spread = jnp.sqrt(2.0 * jnp.log(count.astype(jnp.float32)))
+    rounds = longest / mean + spread * jnp.sqrt(longest * jnp.maximum(var, 0.0) / mean**3)
     return jnp.argmin(rounds * costs).astype(jnp.int32)
 
 
