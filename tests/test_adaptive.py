@@ -132,7 +132,7 @@ def test_policy_starts_from_an_optimistic_prior_and_probes_a_switched_off_draft_
     cautious = dataclasses.replace(from_mean, optimism=0.0)
     assert int(policy(pricey, cautious, live)) == 1
     assert int(policy(pricey.replace(plain_run=jnp.int32(0)), cautious, live)) == 0
-    # ... unless the switch-off's optimism (1.5 sd) says the draft may still pay.
+    # ... unless the switch-off's optimism (2 sd) says the draft may still pay.
     assert int(policy(pricey.replace(plain_run=jnp.int32(0)), from_mean, live)) == 1
     assert int(policy(pricey, dataclasses.replace(cautious, start_at_max=True), live)) == 2
     never = ad.replace(round=jnp.int32(5), tries=jnp.full((1, 2, 4), 50.0), plain_run=jnp.int32(0))  # no hits

@@ -100,7 +100,7 @@ class AdaptiveConfig:
     switch_cost: float = 1.0
     explore: float = 0.0
     first_optimism: float = 1.0
-    optimism: float = 1.5
+    optimism: float = 2.0
     objective: str = "makespan"
     thompson: bool = False
     trees: tuple | None = None
