@@ -141,14 +141,6 @@ class CostTable:
                 loops.append(("propose", target, draft, batch, k, context, temperature))
         self._measure_loops(loops)
 
-    def loop_seconds(self, loop: tuple) -> float:
-        """Seconds per iteration of a loop measured before (a loop_key/loop_call argument tuple)."""
-        return self._seconds[loop_key(*loop)]
-
-    def measure_loops(self, loops: list[tuple]) -> None:
-        """Time loops given as loop_call argument tuples (any loops.py part, trees too), round-robin."""
-        self._measure_loops(loops)
-
     def _measure_loops(self, loops: list[tuple]) -> None:
         calls = {loop_key(*loop): loop for loop in loops}
         calls = {key: loop_call(*loop, inner=self.inner) for key, loop in calls.items() if key not in self._seconds}
