@@ -80,7 +80,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 1024
-    tie_word_embeddings: bool = True
+    tie_word_embeddings: bool = False  # LlamaConfig's default
     attention_bias: bool = False
     head_dim: int | None = None
     dtype: str = "float32"

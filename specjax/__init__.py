@@ -40,7 +40,8 @@ from specjax.engine.speculative import (
     state_output,
 )
 from specjax.engine.state import SpecPlan, SpecState
-from specjax.io.hf import load_model, save_model
+from specjax.io.hf import save_model
+from specjax.io.presets import load_model
 from specjax.io.model import Model, init_model, logits
 from specjax.models import KVCache, ModelConfig, init_cache
 from specjax.parallel import make_mesh, shard_model

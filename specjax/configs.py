@@ -83,20 +83,40 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         for key in keys[:-1]:
             node[key] = dict(node.get(key) or {})
             node = node[key]
-        node[keys[-1]] = yaml.safe_load(raw)
+        node[keys[-1]] = parse_yaml(raw, f"--set {override}")
+    return data
+
+
+def yaml_error(error: yaml.YAMLError, source: str) -> ValueError:
+    """A one-line error naming the file (or flag), line and column of a YAML syntax error."""
+    mark = getattr(error, "problem_mark", None)
+    where = source if mark is None else f"{source}, line {mark.line + 1}, column {mark.column + 1}"
+    problem = getattr(error, "problem", None) or str(error)
+    return ValueError(" ".join(f"{where}: YAML syntax error: {problem}".split()))
+
+
+def parse_yaml(text: str, source: str):
+    """yaml.safe_load, with a syntax error as a ValueError naming `source` and the line."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise yaml_error(error, source) from None
+
+
+def read_yaml(path: str | Path) -> dict:
+    """The mapping a YAML config file holds; clear errors for a missing file, bad syntax, or a non-mapping."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    data = parse_yaml(path.read_text(), str(path)) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the top level must be a mapping")
     return data
 
 
 def load_config(cls: type[T], path: str | Path | None, overrides: list[str] = ()) -> T:
     """Load `cls` from a YAML file (or from defaults when path is None), then apply overrides."""
-    data: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file not found: {path}")
-        data = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: the top level must be a mapping")
+    data = {} if path is None else read_yaml(path)
     return from_dict(cls, apply_overrides(data, list(overrides)))
 
 

@@ -101,7 +101,7 @@ class ChatBytes(ByteTokenizer):
 def test_chat_template_wraps_each_prompt_or_names_the_missing_template():
     assert encode(ChatBytes(), "hi", chat_template=True) == list(b"<user>hi<assistant>")  # no extra BOS
     assert encode(ChatBytes(), "hi", chat_template=False) == BYTES.encode("hi")
-    with pytest.raises(ValueError, match=r"tokenizer \(ByteTokenizer\) has no chat template"):
+    with pytest.raises(ValueError, match=r"tokenizer \(ByteTokenizer\) has none"):
         encode(BYTES, "hi", chat_template=True)
 
 

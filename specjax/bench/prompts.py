@@ -61,10 +61,11 @@ def _jsonl_text(record, where: str) -> str:
     return text
 
 
-def read_jsonl(path: Path, default_category: str) -> list[tuple[str, str]]:
-    """(category, text) per non-blank line."""
+def read_jsonl(path: Path, default_category: str, text: str | None = None) -> list[tuple[str, str]]:
+    """(category, text) per non-blank line; `text`: the file's content when already read (stdin)."""
     out = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    content = path.read_text(encoding="utf-8") if text is None else text
+    for number, line in enumerate(content.splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{path}, line {number}"
@@ -79,10 +80,11 @@ def read_jsonl(path: Path, default_category: str) -> list[tuple[str, str]]:
     return out
 
 
-def read_text(path: Path, category: str) -> list[tuple[str, str]]:
+def read_text(path: Path, category: str, text: str | None = None) -> list[tuple[str, str]]:
     """(category, text) per blank-line-separated block; a block's own line breaks are kept."""
     blocks, lines = [], []
-    for line in [*path.read_text(encoding="utf-8").splitlines(), ""]:
+    content = path.read_text(encoding="utf-8") if text is None else text
+    for line in [*content.splitlines(), ""]:
         if line.strip():
             lines.append(line)
         elif lines:
@@ -97,19 +99,33 @@ def read_source(source: Prompts) -> list[tuple[str, str]]:
         count = source.count or CORPUS_COUNT
         texts = held_out_prompts(source.domain, count, source.prompt_bytes, source.split)
         return [(source.category or source.domain, text) for text in texts]
-    path = Path(source.file)
-    if not path.is_file():
-        raise FileNotFoundError(f"prompts.file: {path} does not exist (paths are relative to the working directory)")
-    if path.suffix == ".json":
-        raise ValueError(f"prompts.file: {path}: use JSONL (.jsonl, one object per line) or a plain text file")
-    category = source.category or path.stem
-    prompts = read_jsonl(path, category) if path.suffix == ".jsonl" else read_text(path, category)
+    prompts = read_prompt_file(source.file, source.category, "prompts.file")
+    return prompts[: source.count] if source.count else prompts
+
+
+def read_prompt_file(file: str, category: str | None = None, what: str = "prompt file") -> list[tuple[str, str]]:
+    """(category, text) of every prompt in a .jsonl or text file (see the module docstring);
+    "-" reads standard input (JSONL when its first non-blank character is "{", else text)."""
+    if file == "-":
+        import sys
+
+        content = sys.stdin.read()
+        path, is_jsonl = Path("stdin"), content.lstrip().startswith("{")
+    else:
+        path, content = Path(file), None
+        if not path.is_file():
+            raise FileNotFoundError(f"{what}: {path} does not exist (paths are relative to the working directory)")
+        if path.suffix == ".json":
+            raise ValueError(f"{what}: {path}: use JSONL (.jsonl, one object per line) or a plain text file")
+        is_jsonl = path.suffix == ".jsonl"
+    category = category or path.stem
+    prompts = read_jsonl(path, category, content) if is_jsonl else read_text(path, category, content)
     if not prompts:
-        raise ValueError(f"prompts.file: {path} holds no prompts")
+        raise ValueError(f"{what}: {path} holds no prompts")
     empty = [i for i, (_, text) in enumerate(prompts) if not text.strip()]
     if empty:
-        raise ValueError(f"prompts.file: {path}: prompt {empty[0]} is empty")
-    return prompts[: source.count] if source.count else prompts
+        raise ValueError(f"{what}: {path}: prompt {empty[0]} is empty")
+    return prompts
 
 
 def encode(tokenizer, text: str, chat_template: bool) -> list[int]:
@@ -118,9 +134,9 @@ def encode(tokenizer, text: str, chat_template: bool) -> list[int]:
         return tokenizer.encode(text)
     if getattr(tokenizer, "apply_chat_template", None) is None or getattr(tokenizer, "chat_template", None) is None:
         raise ValueError(
-            f"prompts.chat_template is true, but the target's tokenizer ({type(tokenizer).__name__}) has no chat "
-            "template: specjax's byte-level models are trained on raw text. Set chat_template: false, or use a "
-            "Hugging Face model whose tokenizer defines a chat template."
+            f"a chat template was asked for (--chat, or prompts.chat_template in a bench config), but the target's "
+            f"tokenizer ({type(tokenizer).__name__}) has none: specjax's byte-level models are trained on raw text. "
+            "Drop it, or use a model whose tokenizer defines a chat template."
         )
     messages = [{"role": "user", "content": text}]
     templated = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -7,16 +7,21 @@ call also pays a fixed dispatch cost (about 4 ms on the 2-core CPU, three plain 
 embedded pair at batch 1), which divided over a few iterations compresses every ratio
 towards 1. So each loop is timed at two lengths and the cost is the slope,
 (t(long) - t(short)) / (long - short). Results are memoised per shape for the life of the
-process, so a second generation of the same shape measures nothing.
+process, so a second generation of the same shape measures nothing; bench/cost_cache.py
+keeps them on disk for later processes. Measuring compiles two loops per candidate and
+takes about a minute for the embedded pair at K <= 8, so it shows a progress bar.
 """
 
 from __future__ import annotations
+
+import jax
+from tqdm.auto import tqdm
 
 from specjax.bench.loops import loop_call, loop_key
 from specjax.bench.timing import interleaved, median
 from specjax.drafters import Drafter
 from specjax.engine.adaptive_policy import AdaptiveConfig
-from specjax.engine.loop import DEFAULT_CACHE
+from specjax.engine.loop import DEFAULT_CACHE, CacheConfig
 from specjax.io.model import Model
 
 SHORT, LONG, REPEATS = 2, 10, 7
@@ -30,23 +35,50 @@ def measure_round_costs(
     config: AdaptiveConfig,
     context: int,
     temperature: float = 0.0,
-    repeats: int = REPEATS,
+    repeats: int | None = None,
+    cache: CacheConfig = DEFAULT_CACHE,
+    progress: bool | None = False,
+    remeasure: bool = False,
 ) -> dict:
     """{candidate label: marginal seconds of one loop iteration} for a batch of `batch` rows
     and a cache of `context` slots: K for chains (0 = a plain step), "tree0", ... for the
-    config's trees."""
+    config's trees.
+
+    repeats: timed calls per loop (None: REPEATS). progress: a bar on stderr over the
+    compiles and timed calls; None shows it only when stderr is a terminal. remeasure:
+    ignore what this process measured before.
+    """
+    repeats = REPEATS if repeats is None else repeats
     trees = (None,) * len(config.labels) if not config.trees else (None, *config.trees)
     loops = {}
     for label, drafted, tree in zip(config.labels, config.drafted, trees, strict=True):
         room = max(context, 2 * (drafted + 2))  # room for the rounds on a half-filled cache
         part, drafter = ("step", None) if drafted == 0 else ("round", draft)
-        loops[label] = (part, target, drafter, batch, drafted, room, temperature, None, DEFAULT_CACHE, tree)
-    todo = {loop_key(*loop): loop for loop in loops.values() if loop_key(*loop) not in _SECONDS}
-    calls = {(key, n): loop_call(*loop, inner=n) for key, loop in todo.items() for n in (SHORT, LONG)}
-    times = interleaved(calls, repeats, warmup=1)
-    for key in todo:
-        short, long = median(times[(key, SHORT)]), median(times[(key, LONG)])
-        # Noise can make the slope tiny or negative; a quarter of the long call's average is a
-        # floor no real iteration goes under (the fixed cost is below three quarters of it).
-        _SECONDS[key] = max((long - short) / (LONG - SHORT), 0.25 * long / LONG)
+        loops[label] = (part, target, drafter, batch, drafted, room, temperature, None, cache, tree)
+    todo = {
+        loop_key(*loop): (label, loop)
+        for label, loop in loops.items()
+        if remeasure or loop_key(*loop) not in _SECONDS
+    }
+    if todo:
+        names = ",".join(str(label) for label, _ in todo.values())
+        steps = 2 * len(todo) * (1 + repeats)  # a compile and the timed calls of each loop length
+        with tqdm(total=steps, desc=f"measuring round costs (K={names})", disable=_disabled(progress), leave=False) as bar:
+            calls = {}
+            for key, (_, loop) in todo.items():
+                for n in (SHORT, LONG):
+                    calls[(key, n)] = call = loop_call(*loop, inner=n)
+                    jax.block_until_ready(call())  # the warm-up that compiles
+                    bar.update(1)
+            times = interleaved(calls, repeats, warmup=0, progress=bar)
+        for key in todo:
+            short, long = median(times[(key, SHORT)]), median(times[(key, LONG)])
+            # Noise can make the slope tiny or negative; a quarter of the long call's average is a
+            # floor no real iteration goes under (the fixed cost is below three quarters of it).
+            _SECONDS[key] = max((long - short) / (LONG - SHORT), 0.25 * long / LONG)
     return {label: _SECONDS[loop_key(*loop)] for label, loop in loops.items()}
+
+
+def _disabled(progress: bool | None) -> bool | None:
+    """tqdm's `disable`: None leaves it to tqdm, which draws only on a terminal."""
+    return None if progress is None else not progress

@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from specjax.drafters.base import DraftContext, Drafter, Proposal
+from specjax.drafters.convert import as_drafter
+from specjax.io.model import Model
 from specjax.models import ModelConfig
 
 
@@ -27,11 +29,18 @@ def _one_hot(tokens, vocab_size):
 
 @dataclasses.dataclass(frozen=True)
 class Fallback(Drafter):
-    """Rows where `first` found a proposal use it; the others use `then`."""
+    """Rows where `first` found a proposal use it; the others use `then`.
 
-    first: Drafter
-    then: Drafter
+    Either may be a `Model`: it drafts as a `DraftModel`, as everywhere a drafter is taken.
+    """
+
+    first: Drafter | Model
+    then: Drafter | Model
     name = "fallback"
+
+    def __post_init__(self):
+        object.__setattr__(self, "first", as_drafter(self.first))
+        object.__setattr__(self, "then", as_drafter(self.then))
 
     def _then(self, k: int) -> Drafter:
         return self.then.tolerating_lag(k + 1)

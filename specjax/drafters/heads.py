@@ -3,14 +3,22 @@
 A head directory holds `drafter.json` (its kind, shape, and the target it was trained
 for) and `model.safetensors` (the head's own weights only: the target's embedding and LM
 head are read from the target at run time, never stored twice).
+
+A head reads one target's hidden states, so `load_drafter` refuses another target: one of
+other shapes always (the head cannot even run), and one of the same shapes but another
+config or other weights (`target_fingerprint`) unless `allow_transfer=True` says the
+transfer is deliberate (it runs, but its guesses are those learned for another model).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
@@ -18,10 +26,12 @@ from specjax.drafters.base import Drafter
 from specjax.drafters.eagle import Eagle, head_config
 from specjax.drafters.medusa import Medusa
 from specjax.io.embedded import embedded_path
+from specjax.io.model import Model
 from specjax.models import ModelConfig
 
 FORMAT = "specjax-drafter-1"
 _CONFIG = "drafter.json"
+_TRANSFER = "allow_transfer=True"
 
 
 def is_head_directory(path) -> bool:
@@ -50,12 +60,138 @@ def _unflatten(flat: dict[str, np.ndarray]) -> dict:
     return out
 
 
-def save_drafter(drafter: Drafter, path, target_name: str | None = None, target: ModelConfig | None = None) -> Path:
-    """Write a trained head to `path` (a directory), naming the target it was trained for."""
+# --- The target a head was trained for ----------------------------------------------------
+
+
+def _canonical_config(config: ModelConfig) -> dict:
+    """The config as fingerprinted and stored: JSON values, keys sorted.
+
+    Left out: `dtype` (the precision the weights are held in, not which model they are) and
+    fields set to None (what the model does not have), so a field added to ModelConfig later
+    with a None default keeps every saved fingerprint valid. head_dim is the resolved one:
+    None and an explicit hidden_size / num_attention_heads are one model.
+    """
+    fields = {**dataclasses.asdict(config), "head_dim": config.resolved_head_dim}
+    del fields["dtype"]
+    return json.loads(json.dumps({k: v for k, v in sorted(fields.items()) if v is not None}))
+
+
+def _config_sha256(config: ModelConfig) -> str:
+    return hashlib.sha256(json.dumps(_canonical_config(config), sort_keys=True).encode()).hexdigest()
+
+
+def _weights_sha256(params) -> str:
+    """sha256 over every leaf in key-path order: its path, shape and values rounded to bfloat16
+    (one checkpoint loaded in float32 or in bfloat16 keeps one fingerprint)."""
+    digest = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        if jnp.issubdtype(leaf.dtype, jnp.floating):
+            leaf = leaf.astype(jnp.bfloat16)  # on the device: half the bytes to bring back
+        digest.update(f"{jax.tree_util.keystr(path, simple=True, separator='.')}{tuple(leaf.shape)}".encode())
+        digest.update(np.ascontiguousarray(jax.device_get(leaf)).tobytes())
+    return digest.hexdigest()
+
+
+def target_fingerprint(target: Model | ModelConfig) -> dict[str, str]:
+    """What identifies a head's target: {"config_sha256": ..., "weights_sha256": ...}.
+
+    config_sha256 hashes the canonical JSON of its ModelConfig (`_canonical_config`);
+    weights_sha256, present only for a Model, hashes all of its params (0.3 s for 135M
+    parameters on a CPU, 1 s the first time, which compiles the casts). save_drafter stores both; load_drafter compares them.
+    """
+    if isinstance(target, Model):
+        return {"config_sha256": _config_sha256(target.config), "weights_sha256": _weights_sha256(target.params)}
+    if isinstance(target, ModelConfig):
+        return {"config_sha256": _config_sha256(target)}
+    raise TypeError(f"a head's target is a specjax Model or a ModelConfig, got {type(target)!r}")
+
+
+def _eagle_head_dim(params: dict) -> int:
+    """The attention head size an EAGLE head's layer was built with (the target's): q_proj [D, H, d_head]."""
+    return int(np.shape(params["layers"]["0"]["attn"]["q_proj"])[-1])
+
+
+def _shape_mismatches(config: dict, params: dict, target: ModelConfig) -> list[tuple[str, str]]:
+    """(what the head was trained with, what `target` has) for each shape of the target's the
+    head reads that `target` does not have."""
+    kind = config["kind"]
+    hidden = int(np.shape(params["w"])[1]) if kind == "medusa" else int(np.shape(params["fc"])[1])
+    wanted = [("hidden size", hidden, target.hidden_size)]
+    if config.get("vocab_size"):  # 0: a Medusa built without its vocabulary
+        wanted.append(("vocabulary", int(config["vocab_size"]), target.vocab_size))
+    if kind == "eagle":
+        wanted.append(("head dim", _eagle_head_dim(params), target.resolved_head_dim))
+    out = [(f"{name} {mine}", f"{name} {theirs}") for name, mine, theirs in wanted if mine != theirs]
+    layers = config.get("feature_layers") or []  # multi-layer features: blocks the target must have
+    missing = [i for i in layers if i >= target.num_hidden_layers]
+    if missing:
+        of = config["target"].get("num_hidden_layers")
+        out.append(
+            (
+                f"feature layers {layers}" + (f" (of {of} layers)" if of else ""),
+                f"{target.num_hidden_layers} layers (feature layers {missing} do not exist)",
+            )
+        )
+    return out
+
+
+def _described(trained: dict) -> str:
+    return trained.get("name") or "another target"
+
+
+def _fields(config: dict, names: list[str]) -> str:
+    return ", ".join(f"{k}={config.get(k)}" for k in names) or "another config"
+
+
+def _check_target(label: str, config: dict, params: dict, target: Model | ModelConfig, allow_transfer: bool) -> None:
+    """Raise a one-line ValueError naming both sides if the head at `label` cannot serve `target`."""
+    trained = config["target"]
+    target_config = target.config if isinstance(target, Model) else target
+    shapes = _shape_mismatches(config, params, target_config)
+    if shapes:
+        raise ValueError(
+            f"head {label} was trained for {_described(trained)} with {', '.join(mine for mine, _ in shapes)}; "
+            f"the given target has {', '.join(theirs for _, theirs in shapes)}: a head reads its target's hidden "
+            f"states, so these must match ({_TRANSFER} waives only the target fingerprint, never shapes)"
+        )
+    if allow_transfer or "config_sha256" not in trained:  # heads saved before fingerprints: shapes only
+        return
+    opt_out = (
+        f"pass {_TRANSFER} to load_drafter (a drafter spec: {{kind: head, path: {label}, allow_transfer: true}}) "
+        "to use it on this target deliberately"
+    )
+    if _config_sha256(target_config) != trained["config_sha256"]:
+        mine, theirs = trained.get("config", {}), _canonical_config(target_config)
+        differ = [k for k in sorted({*mine, *theirs}) if mine.get(k) != theirs.get(k)]
+        more = f" and {len(differ) - 6} more fields" if len(differ) > 6 else ""
+        raise ValueError(
+            f"head {label} was trained for {_described(trained)} ({_fields(mine, differ[:6])}{more}); the given "
+            f"target has {_fields(theirs, differ[:6])}{more}: its shapes fit, but it guesses what that model would "
+            f"say; {opt_out}"
+        )
+    if isinstance(target, Model) and trained.get("weights_sha256"):
+        given = _weights_sha256(target.params)
+        if given != trained["weights_sha256"]:
+            raise ValueError(
+                f"head {label} was trained for {_described(trained)} (weights sha256 "
+                f"{trained['weights_sha256'][:12]}); the given target has its config but other weights (sha256 "
+                f"{given[:12]}): it guesses what that model would say; {opt_out}"
+            )
+
+
+# --- Saving and loading -------------------------------------------------------------------
+
+
+def save_drafter(
+    drafter: Drafter, path, target_name: str | None = None, target: Model | ModelConfig | None = None
+) -> Path:
+    """Write a trained head to `path` (a directory), naming the target it was trained for.
+
+    target: the Model it was trained for (its config and weights are fingerprinted, so
+    load_drafter can refuse another), or only its ModelConfig (the config is).
+    """
     if not isinstance(drafter, Medusa | Eagle) or drafter.params is None:
         raise ValueError(f"save_drafter saves trained heads (Medusa or Eagle with weights), got {drafter!r}")
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     if isinstance(drafter, Medusa):
         shape = {"num_heads": drafter.num_heads, "hidden_size": drafter.hidden_size, "vocab_size": drafter.vocab_size}
     else:
@@ -68,56 +204,64 @@ def save_drafter(drafter: Drafter, path, target_name: str | None = None, target:
             "intermediate_size": c.intermediate_size,
             "feature_layers": list(drafter.feature_layers),  # [] = the final-norm feature
         }
-    config = {
-        "format": FORMAT,
-        "kind": drafter.name,
-        **shape,
-        "target": {
+    config = {"format": FORMAT, "kind": drafter.name, **shape, "target": {"name": target_name}}
+    if target is not None:
+        target_config = target.config if isinstance(target, Model) else target
+        mismatches = _shape_mismatches(config, drafter.params, target_config)
+        if mismatches:
+            raise ValueError(f"this head does not fit the target it is saved for: {mismatches}")
+        config["target"] = {
             "name": target_name,
-            **({} if target is None else {"hidden_size": target.hidden_size, "vocab_size": target.vocab_size}),
-        },
-    }
+            "hidden_size": target_config.hidden_size,
+            "vocab_size": target_config.vocab_size,
+            "num_hidden_layers": target_config.num_hidden_layers,
+            "head_dim": target_config.resolved_head_dim,
+            **target_fingerprint(target),
+            "config": _canonical_config(target_config),  # to name the fields that differ on a refusal
+        }
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
     (path / _CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     save_file(_flatten(drafter.params), str(path / "model.safetensors"))
     return path
 
 
-def load_drafter(path, target=None) -> Drafter:
+def load_drafter(path, target: Model | ModelConfig | None = None, allow_transfer: bool = False) -> Drafter:
     """A head saved by `save_drafter` (a directory, or the name of an embedded head such as
     stdlib-medusa), checked against `target` (a Model or ModelConfig) if given.
 
-    A head trained for another target (another hidden size or vocabulary) is a clear error.
+    A ValueError naming both sides refuses a target whose shapes the head cannot read
+    (hidden size, vocabulary, head dim, the blocks of multi-layer features), and one that
+    is not the target it was trained for (another config, or for a Model other weights:
+    `target_fingerprint`). allow_transfer=True waives the second check only, for a
+    deliberate transfer. Heads saved before fingerprints are checked on shapes only.
     """
+    label = str(path)
     path = (embedded_path(path) if isinstance(path, str) else None) or Path(path)
     if not is_head_directory(path):
         raise ValueError(f"{path} is not a specjax head directory (no {_CONFIG})")
     config = json.loads((path / _CONFIG).read_text())
     if config.get("format") != FORMAT:
         raise ValueError(f"{path / _CONFIG} has format {config.get('format')!r}, expected {FORMAT!r}")
+    if config["kind"] not in ("medusa", "eagle"):
+        raise ValueError(f"unknown head kind {config['kind']!r} in {path}")
     params = jax.tree.map(jax.numpy.asarray, _unflatten(load_file(str(path / "model.safetensors"))))
     target_config = None if target is None else getattr(target, "config", target)
-    trained_for = config["target"].get("name") or "another target"
+    if target is not None:
+        _check_target(label, config, params, target, allow_transfer)
     if config["kind"] == "medusa":
         drafter = Medusa(params=params, vocab_size=int(config["vocab_size"]))
-    elif config["kind"] == "eagle":
+    else:
         if target_config is None:
-            raise ValueError(f"an EAGLE head ({path}) is built around its target: pass the target to load_drafter")
-        if (target_config.hidden_size, target_config.vocab_size) != (config["hidden_size"], config["vocab_size"]):
-            raise ValueError(
-                f"head {path} was trained for {trained_for}: it reads hidden size {config['hidden_size']} and "
-                f"vocabulary {config['vocab_size']}, the target has {target_config.hidden_size} and "
-                f"{target_config.vocab_size}"
-            )
+            raise ValueError(f"an EAGLE head ({label}) is built around its target: pass the target to load_drafter")
         layer = head_config(
             target_config, config["num_attention_heads"], config["num_key_value_heads"], config["intermediate_size"]
         )
         # Heads saved before multi-layer features have no "feature_layers": the final-norm feature.
         drafter = Eagle(params=params, config=layer, feature_layers=tuple(config.get("feature_layers", ())))
-    else:
-        raise ValueError(f"unknown head kind {config['kind']!r} in {path}")
     if target_config is not None:
         try:
             drafter.check(target_config, 1)
         except ValueError as e:
-            raise ValueError(f"head {path} was trained for {trained_for}: {e}") from e
+            raise ValueError(f"head {label} was trained for {_described(config['target'])}: {e}") from e
     return drafter

@@ -135,6 +135,7 @@ def adaptive_stats(stats, state: SpecState, num_rows: int | None):
         "ks": labels,
         "trees": None if not config.trees else [repr(t) for t in config.trees],
         "costs_seconds": [float(c) for c in ad.costs],
+        "costs": _COST_SOURCES.get((state.plan, np.asarray(ad.costs, np.float32).tobytes())),
         "rounds_per_k": {k: int(n) for k, n in zip(labels, ad.rounds_per_k, strict=True)},
         "plain_steps": int(ad.rounds_per_k[labels.index(0)]) if 0 in labels else 0,
         "chosen_k": [labels[c] for c in chosen],
@@ -158,9 +159,10 @@ def plan_tokens(adaptive, num_speculative_tokens: int) -> int:
 
 def resolve_adaptive(adaptive, plan, target, drafter, batch, rule=None):
     """(plan with its static AdaptiveConfig, costs [n] float32) for `adaptive` (False, True or
-    an AdaptiveConfig); (plan, None) when it is off. Costs the caller did not give are measured
-    once per shape, at the batch's bucket size and cache length. `rule`: the caller's
-    acceptance rule, or None (trees then get the default tree rule)."""
+    an AdaptiveConfig); (plan, None) when it is off. Costs the caller did not give are read
+    from the disk cache or measured once per shape, at the batch's bucket size and cache
+    length; adaptive_stats reports which ("costs"). `rule`: the caller's acceptance rule, or
+    None (trees then get the default tree rule)."""
     if adaptive is False or adaptive is None:
         return plan, None
     config = AdaptiveConfig() if adaptive is True else adaptive
@@ -180,12 +182,45 @@ def resolve_adaptive(adaptive, plan, target, drafter, batch, rule=None):
         for k in static.ks:
             if k:
                 drafter.check(target.config, k)
-    costs = config.costs
-    if costs is None:
-        # The bench times loop iterations; it depends on the engine, so it is imported here.
-        from specjax.bench.round_costs import measure_round_costs
+    plan = dataclasses.replace(plan, adaptive=static)
+    if config.costs is not None:
+        costs, info = config.costs, {"source": "given", "seconds": 0.0, "path": None}
+    else:
+        costs, info = _measured_costs(config, static, plan, target, drafter, batch)
+    vector = static.cost_vector(costs)
+    per_k_ms = {label: round(1e3 * float(c), 4) for label, c in zip(static.labels, vector, strict=True)}
+    _remember(plan, vector, {**info, "per_k_ms": per_k_ms})
+    return plan, jnp.asarray(vector)
 
-        costs = measure_round_costs(
-            target, drafter, batch.bucket_rows, static, batch.cache_length, plan.sampling.temperature
+
+def _measured_costs(config: AdaptiveConfig, static: AdaptiveConfig, plan, target, drafter, batch):
+    """Costs of this shape from the disk cache, or measured at the batch's bucket size and
+    cache length (and written there), with where they came from."""
+    # The bench times loop iterations; it depends on the engine, so it is imported here.
+    from specjax.bench.cost_cache import cached_costs, cost_key
+    from specjax.bench.round_costs import measure_round_costs
+
+    shape = (batch.bucket_rows, static, batch.cache_length, plan.sampling.temperature)
+    key = cost_key(target, drafter, *shape, plan.cache)
+
+    def measure():
+        return measure_round_costs(
+            target, drafter, *shape, cache=plan.cache, progress=config.progress, remeasure=config.remeasure
         )
-    return dataclasses.replace(plan, adaptive=static), jnp.asarray(static.cost_vector(costs))
+
+    return cached_costs(key, static.labels, measure, remeasure=config.remeasure)
+
+
+# Where each generation's costs came from, for adaptive_stats: the host-side story of an
+# array the compiled loop only reads. Keyed by the plan and the cost values, which is what
+# the output state carries back; the plan object itself cannot hold it, since jit hands
+# back the plan of the call it compiled for.
+_COST_SOURCES: dict[tuple, dict] = {}
+
+
+def _remember(plan, vector: np.ndarray, info: dict) -> None:
+    key = (plan, np.asarray(vector, np.float32).tobytes())
+    _COST_SOURCES.pop(key, None)
+    _COST_SOURCES[key] = info
+    while len(_COST_SOURCES) > 256:  # a long sweep of given costs must not grow it forever
+        _COST_SOURCES.pop(next(iter(_COST_SOURCES)))

@@ -61,7 +61,12 @@ class AdaptiveConfig:
     ks: the candidate K values (0 = a plain step); None: 0, 1, 2, 4, 8, ... up to K_MAX,
       and K_MAX itself. Each is one compiled branch, so a few are enough.
     costs: seconds of one loop iteration at each K, {K: seconds} for this target, drafter,
-      batch size and context; None measures them once per shape (bench/round_costs.py).
+      batch size and context; None measures them once per machine and shape
+      (bench/round_costs.py) and keeps them on disk for later processes
+      (bench/cost_cache.py: $SPECJAX_CACHE_DIR, else ~/.cache/specjax, under round_costs/).
+    remeasure: measure the costs even when a file holds them, and overwrite it.
+    progress: a progress bar on stderr while costs are measured; None (the default) shows
+      it only when stderr is a terminal, False never.
     decay: how much of its past evidence the estimate keeps each round (0 < decay < 1);
       1 / (1 - decay) rounds is its memory.
     prior, prior_weight: the Beta prior of each position's acceptance, as a mean and a
@@ -93,6 +98,9 @@ class AdaptiveConfig:
 
     ks: tuple[int, ...] | None = None
     costs: dict | None = dataclasses.field(default=None, compare=False, hash=False)
+    # How this call gets its costs, not what the compiled loop does: never part of the jit key.
+    remeasure: bool = dataclasses.field(default=False, compare=False, hash=False)
+    progress: bool | None = dataclasses.field(default=None, compare=False, hash=False)
     decay: float = 0.9
     prior: float = 0.5
     prior_weight: float = 1.0
@@ -155,15 +163,16 @@ class AdaptiveConfig:
         return self.ks if not self.trees else (0, *(t.num_nodes for t in self.trees))
 
     def resolved(self, k_max: int) -> AdaptiveConfig:
-        """This config with its candidates fixed for K_MAX (checked), without costs (the static part)."""
+        """This config with its candidates fixed for K_MAX (checked), without costs or how to get
+        them (the static part)."""
         if self.trees:
-            return dataclasses.replace(self, ks=None, costs=None)
+            return dataclasses.replace(self, ks=None, costs=None, remeasure=False, progress=None)
         ks = self.ks if self.ks is not None else default_ks(k_max)
         if max(ks) > k_max:
             raise ValueError(f"adaptive ks {ks} exceed num_speculative_tokens={k_max}")
         if len(ks) < 2:
             raise ValueError(f"adaptive speculation needs at least two candidate K values, got {ks}")
-        return dataclasses.replace(self, ks=ks, costs=None)
+        return dataclasses.replace(self, ks=ks, costs=None, remeasure=False, progress=None)
 
     def cost_vector(self, costs: dict) -> np.ndarray:
         """[n] float32 seconds per iteration, in the order of the candidates (a clear error if one is missing)."""

@@ -142,11 +142,19 @@ def prepare_generate(
         )
 
     def collect(state: DecodeState) -> GenerationOutput:
-        tokens, lengths, row_rounds, forwards = jax.device_get(
-            (state.tokens, state.lengths, state.row_rounds, state.forwards)
+        tokens, lengths, row_rounds, forwards, eos = jax.device_get(
+            (state.tokens, state.lengths, state.row_rounds, state.forwards, state.eos_token_id)
         )
         # Only the caller's rows: padding rows of the batch bucket are dropped.
-        return collect_output(np.asarray(tokens), batch.lengths, lengths, row_rounds, forwards, num_rows=batch.num_rows)
+        return collect_output(
+            np.asarray(tokens),
+            batch.lengths,
+            lengths,
+            row_rounds,
+            forwards,
+            num_rows=batch.num_rows,
+            eos_token_id=int(eos),
+        )
 
     return PreparedGeneration(
         max_new_tokens=max_new_tokens,

@@ -36,6 +36,14 @@ class GenerationStats:
       accepted_counts: for i = 1..K, the row-rounds in which draft token i was accepted
         (acceptance is a prefix, so rounds that accepted exactly n tokens are
         accepted_counts[n-1] - accepted_counts[n]).
+      position_rounds: for i = 1..K, the row-rounds that drafted position i and reached it
+        (every earlier one accepted): accepted_per_position[i] is
+        accepted_counts[i] / position_rounds[i].
+      emitted_tokens: tokens the rounds produced, rounds + accepted_tokens (each round
+        commits its accepted draft tokens plus one correction/bonus token).
+      truncated_tokens: emitted_tokens - generated_tokens, the emitted tokens cut because
+        a row reached max_new_tokens or EOS mid-round; so the summary adds up.
+      stopped_at_eos: per row, whether it ended at the EOS token (else at max_new_tokens).
     """
 
     rounds: int
@@ -49,6 +57,10 @@ class GenerationStats:
     accepted_per_position: list[float]
     accepted_counts: list[int]
     per_row_mean_acceptance_length: list[float]
+    position_rounds: list[int] = dataclasses.field(default_factory=list)
+    emitted_tokens: int = 0
+    truncated_tokens: int = 0
+    stopped_at_eos: list[bool] = dataclasses.field(default_factory=list)
     drafter: dict = dataclasses.field(default_factory=dict)
     # Adaptive speculation only: the K set, rounds per K, plain steps, and per round the K
     # chosen and the estimated acceptance of position 1 (engine/adaptive.py).
@@ -82,6 +94,7 @@ def collect_output(
     accepted_at=None,
     num_rows=None,
     drafted_per_round=None,
+    eos_token_id: int | None = None,
 ):
     """Host-side assembly from final loop state arrays (numpy).
 
@@ -89,7 +102,8 @@ def collect_output(
     often draft position i (a tree: depth i) was accepted (None for plain decoding).
     `num_rows`: keep only the first num_rows rows (the rest pad the batch to its bucket);
     None keeps all. `drafted_per_round`: tokens drafted per row-round when it is not K
-    (a tree's node count N); the verify width is drafted_per_round + 1.
+    (a tree's node count N); the verify width is drafted_per_round + 1. `eos_token_id`
+    (None or < 0: none) marks the rows that stopped at EOS.
     """
     if num_rows is not None:
         tokens, prompt_lengths, lengths, row_rounds = (
@@ -107,18 +121,24 @@ def collect_output(
     row_accepted = accepted_at.sum(axis=1)
     accepted = int(row_accepted.sum())
     reached = np.concatenate([[rounds], accepted_at.sum(axis=0)])  # rounds that got to position i
+    generated_tokens = sum(len(g) for g in generated)
+    eos = -1 if eos_token_id is None else int(eos_token_id)
     stats = GenerationStats(
         rounds=rounds,
         target_forwards=int(target_forwards),
         drafted_tokens=drafted * rounds,
         verify_width=drafted + 1,
         accepted_tokens=accepted,
-        generated_tokens=sum(len(g) for g in generated),
+        generated_tokens=generated_tokens,
         acceptance_rate=_ratio(accepted, drafted * rounds),
         mean_acceptance_length=1.0 + _ratio(accepted, rounds),
         accepted_per_position=[_ratio(reached[i + 1], reached[i]) for i in range(k)],
         accepted_counts=[int(c) for c in reached[1:]],
         per_row_mean_acceptance_length=[1.0 + _ratio(a, r) for a, r in zip(row_accepted, row_rounds, strict=True)],
+        position_rounds=[int(c) for c in reached[:k]],
+        emitted_tokens=rounds + accepted,
+        truncated_tokens=rounds + accepted - generated_tokens,
+        stopped_at_eos=[eos >= 0 and bool(g) and g[-1] == eos for g in generated],
     )
     return GenerationOutput(tokens=generated, stats=stats)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import jax
@@ -87,6 +88,27 @@ def _encode(model: Model, prompts) -> tuple[list, bool]:
     return [model.tokenizer.encode(p) for p in prompts], True
 
 
+_warned_context: set = set()  # (config, trained context): warn once per model per process
+
+
+def warn_past_trained_context(model: Model, tokens: int) -> None:
+    """Warn (once per model) when a request of `tokens` positions runs past the context the
+    model was trained on: it accepts max_position_embeddings positions, but the embedded
+    pair, trained on 256-byte windows, turns to gibberish past them and speculation slows."""
+    trained = model.trained_context
+    key = (model.config, trained)
+    if trained is None or tokens <= trained or key in _warned_context:
+        return
+    _warned_context.add(key)
+    warnings.warn(
+        f"prompt + max_new_tokens = {tokens} tokens runs past the {trained}-token windows this model was "
+        f"trained on (its max_position_embeddings is {model.config.max_position_embeddings}); past them its "
+        "output degrades, and so does speculation",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
 def prepare_prompts(model: Model, prompts, max_new_tokens: int, headroom: int) -> PromptBatch:
     """Validate `prompts` (token-id lists, or strings if the model has a tokenizer) and right-pad them.
 
@@ -115,6 +137,7 @@ def prepare_prompts(model: Model, prompts, max_new_tokens: int, headroom: int) -
     _check_token_ids(model.config, np.concatenate(rows))
 
     longest = max(len(r) for r in rows)
+    warn_past_trained_context(model, longest + max_new_tokens)
     needed = longest + max_new_tokens + headroom
     limit = model.config.max_position_embeddings
     if needed > limit:

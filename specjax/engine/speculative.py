@@ -254,7 +254,7 @@ def state_output(state: SpecState, num_rows: int | None = None) -> GenerationOut
 
     `num_rows`: report only the first num_rows rows (the rest pad a batch bucket).
     """
-    tokens, prompt_lengths, lengths, row_rounds, accepted_at, forwards, drafter_stats = jax.device_get(
+    tokens, prompt_lengths, lengths, row_rounds, accepted_at, forwards, eos, drafter_stats = jax.device_get(
         (
             state.tokens,
             state.prompt_lengths,
@@ -262,6 +262,7 @@ def state_output(state: SpecState, num_rows: int | None = None) -> GenerationOut
             state.row_rounds,
             state.accepted_at,
             state.forwards,
+            state.eos_token_id,
             state.plan.drafter.stats(state.draft_state),
         )
     )
@@ -274,6 +275,7 @@ def state_output(state: SpecState, num_rows: int | None = None) -> GenerationOut
         accepted_at,
         num_rows=num_rows,
         drafted_per_round=state.plan.num_speculative_tokens,
+        eos_token_id=int(eos),
     )
     counters = {k: int(np.sum(np.asarray(v)[:num_rows])) for k, v in drafter_stats.items()}
     drafter = {"kind": state.plan.drafter.name, **counters}

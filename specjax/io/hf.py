@@ -47,6 +47,7 @@ _DEFAULT_THETA = {"mixtral": 1e6, "gemma3_text": 1e6}  # others: 10000
 _DEFAULT_WINDOW = {"mistral": 4096, "gemma2": 4096, "gemma3_text": 4096}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 BYTE_TOKENIZER_KEY = "specjax_tokenizer"  # config.json marker: the model uses specjax's ByteTokenizer
+TRAINED_CONTEXT_KEY = "specjax_trained_context"  # config.json: tokens per training window (Model.trained_context)
 _BYTE_SPECIALS = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}
 
 
@@ -71,12 +72,14 @@ def load_model(path_or_name: str | Path, dtype: str = "float32", mesh=None) -> M
     except ValueError as e:
         raise ValueError(f"{config_path} is not valid JSON: {e}") from e
     config = config_from_hf(hf, dtype=dtype, source=str(config_path))
+    trained_context = hf.get(TRAINED_CONTEXT_KEY)
     if mesh is not None:
         from specjax.parallel.loading import read_sharded_params
 
         config, params = read_sharded_params(directory, config, mesh)
-        return Model(config=config, params=params, tokenizer=_load_tokenizer(directory, hf))
-    return Model(config=config, params=read_params(directory, config), tokenizer=_load_tokenizer(directory, hf))
+    else:
+        params = read_params(directory, config)
+    return Model(config, params, tokenizer=_load_tokenizer(directory, hf), trained_context=trained_context)
 
 
 def save_model(model: Model, out_dir: str | Path) -> Path:
@@ -90,6 +93,8 @@ def save_model(model: Model, out_dir: str | Path) -> Path:
     if not (tokenizer is None or isinstance(tokenizer, ByteTokenizer) or hasattr(tokenizer, "save_pretrained")):
         raise ValueError(f"cannot save a tokenizer of type {type(tokenizer).__name__} (it has no save_pretrained)")
     config = config_to_hf(model.config, tokenizer)
+    if model.trained_context is not None:
+        config[TRAINED_CONTEXT_KEY] = int(model.trained_context)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_params(out / SINGLE_FILE, model.config, model.params)

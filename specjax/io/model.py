@@ -19,6 +19,10 @@ class Model:
     config: ModelConfig
     params: dict  # nested dict of arrays, the pure-dict form of the Flax NNX state
     tokenizer: Any = None
+    # Tokens per training window, where known (config.json's "specjax_trained_context"). A
+    # model accepts max_position_embeddings positions, but one trained on short windows
+    # degrades past them; generation warns once when a request runs beyond (engine/prompts.py).
+    trained_context: int | None = None
 
     @property
     def num_parameters(self) -> int:

@@ -1,11 +1,14 @@
-"""Named models that need no files: random-weight pairs for timing and smoke tests."""
+"""Models by name: random-weight presets (for timing and smoke tests), the embedded models,
+or local Hugging Face directories. `load_model` here is `specjax.load_model`: Python and the
+CLI accept the same names."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+from specjax.io import hf
 from specjax.io.embedded import embedded_names, embedded_path
-from specjax.io.hf import load_model
 from specjax.io.model import Model, init_model
 from specjax.io.tokenizer import ByteTokenizer
 from specjax.models import ModelConfig
@@ -37,12 +40,24 @@ RANDOM_PRESETS: dict[str, ModelConfig] = {
 }
 
 
-def resolve_model(name: str, seed: int = 0) -> Model:
-    """A model by random-preset name, embedded name, or local Hugging Face directory."""
+def load_model(name_or_path: str | Path, dtype: str = "float32", mesh=None, seed: int = 0) -> Model:
+    """A model by name or path, as `--target` / `--draft` and bench configs take it.
+
+    name_or_path: a random preset (random-target, random-draft: weights drawn with `seed`),
+    an embedded model (stdlib-target, stdlib-draft, ...) or a local Hugging Face directory
+    (see specjax.io.hf.load_model for the architectures). dtype: the params' dtype; mesh: a
+    jax.sharding.Mesh to lay the params out on (specjax.make_mesh).
+    """
+    name = str(name_or_path)
     if name in RANDOM_PRESETS:
-        model = init_model(RANDOM_PRESETS[name], seed=seed)
-        return Model(model.config, model.params, tokenizer=ByteTokenizer())
-    if embedded_path(name) is None and not Path(name).is_dir():
+        config = dataclasses.replace(RANDOM_PRESETS[name], dtype=dtype)
+        return dataclasses.replace(init_model(config, seed=seed, mesh=mesh), tokenizer=ByteTokenizer())
+    if embedded_path(name) is None and not Path(name_or_path).expanduser().is_dir():
         known = ", ".join([*sorted(RANDOM_PRESETS), *embedded_names()])
         raise ValueError(f"unknown model {name!r}: not a directory, and not one of: {known}")
-    return load_model(name)
+    return hf.load_model(name_or_path, dtype=dtype, mesh=mesh)
+
+
+def resolve_model(name: str, seed: int = 0) -> Model:
+    """`load_model` with the default dtype (the CLI's and configs' spelling)."""
+    return load_model(name, seed=seed)

@@ -189,7 +189,9 @@ def distill(config: DistillConfig, out_dir: str | Path, progress: bool = True, s
             f"draft vocab_size {start_draft.config.vocab_size} != target vocab_size {target.config.vocab_size}"
         )
     draft_config: ModelConfig = start_draft.config
-    as_draft = lambda params: Model(draft_config, params, tokenizer=start_draft.tokenizer)  # noqa: E731
+    as_draft = lambda params: Model(  # noqa: E731
+        draft_config, params, tokenizer=start_draft.tokenizer, trained_context=start_draft.trained_context
+    )
     initial = start_draft.params if config.draft_init == "pretrained" else init_params(draft_config, config.seed)
     optimizer = make_optimizer(config.optim, config.steps)
     params, opt_state, start, checkpoints, metrics = resume_or_start(

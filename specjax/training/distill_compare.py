@@ -13,9 +13,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-import yaml
-
-from specjax.configs import apply_overrides, from_dict, to_dict
+from specjax.configs import apply_overrides, from_dict, read_yaml, to_dict
 from specjax.training.distill import DistillConfig, distill
 from specjax.training.runs import Metrics
 
@@ -38,8 +36,7 @@ class CompareConfig:
 
 
 def is_comparison(path: str | Path) -> bool:
-    data = yaml.safe_load(Path(path).read_text()) or {}
-    return isinstance(data, dict) and "variants" in data
+    return "variants" in read_yaml(path)
 
 
 def variant_config(config: CompareConfig, variant: Variant) -> DistillConfig:

@@ -135,7 +135,7 @@ def train(config: TrainConfig, out_dir: str | Path, progress: bool = True, stop_
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{rate:.0f}")
         checkpoints.save(done, {"params": params, "opt_state": opt_state}, force=done == end)
     checkpoints.close()
-    return Model(config.model, params, tokenizer=ByteTokenizer())
+    return Model(config.model, params, tokenizer=ByteTokenizer(), trained_context=config.data.seq_len)
 
 
 def evaluate(model: Model, seq_len: int = 256, windows: int = 64, split: str = "validation") -> dict:

@@ -1,0 +1,255 @@
+"""`specjax generate`: prompts in (flags, a file or stdin), text and acceptance statistics out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import jax
+
+from specjax.configs import parse_yaml
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Show defaults, except the uninformative None/False ones."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, argparse.SUPPRESS):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def add_generate(subparsers) -> argparse.ArgumentParser:
+    from specjax.io.embedded import default_pair, embedded_heads, embedded_names
+    from specjax.io.presets import RANDOM_PRESETS
+    from specjax.trees.tree import PRESETS
+
+    p = subparsers.add_parser(
+        "generate",
+        help="generate text with speculative (or plain) decoding and print acceptance statistics",
+        description="Generate from one or more prompts (one batch) and print the text and statistics. "
+        "Prompts come from --prompt (repeatable), --prompt-file (text or JSONL; '-' reads stdin), or both.",
+        formatter_class=HelpFormatter,
+    )
+    names = ", ".join([*embedded_names(), *sorted(RANDOM_PRESETS)]) + ", or a local HF directory"
+    heads = ", ".join(embedded_heads()) or "none installed"
+    default_target, default_draft = default_pair()
+    p.add_argument("--prompt", action="append", help="prompt text; repeat for a batch ('def ' if no prompt is given)")
+    p.add_argument(
+        "--prompt-file",
+        metavar="PATH",
+        help="more prompts: a .jsonl file ('prompt' or 'turns' per line) or a text file (prompts separated by "
+        "blank lines); '-' reads standard input",
+    )
+    p.add_argument(
+        "--chat", action="store_true", help="wrap each prompt as a user turn with the tokenizer's chat template"
+    )
+    p.add_argument("--target", default=default_target, help=f"target model: {names}")
+    p.add_argument("--draft", default=default_draft, help=f"draft model (when --drafter is not given): {names}")
+    p.add_argument(
+        "--drafter",
+        default=None,
+        help="how to draft, overriding --draft: prompt-lookup; layer-skip (half the target's layers) or "
+        f"layer-skip:N; a trained head ({heads}, or a directory saved by save_drafter; it must match the target it "
+        "was trained for); a model name like --draft; or a YAML mapping such as '{kind: prompt_lookup, max_ngram: "
+        "2}' or '{kind: fallback, first: prompt-lookup, then: stdlib-draft}'. Every drafter works with chains and "
+        "--adaptive; --tree works with draft models, layer skip and Medusa heads",
+    )
+    p.add_argument("--plain", action="store_true", help="plain decoding with the target only (the baseline)")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=4, help="draft tokens per round (K)")
+    p.add_argument(
+        "--tree",
+        default=None,
+        help="verify a token tree instead of a chain of K: a preset (" + ", ".join(sorted(PRESETS)) + "), "
+        "chain:K, full:BRANCHING:DEPTH, or Medusa-style paths as YAML, e.g. '[[0], [1], [0, 0]]'. Works with "
+        "draft models, layer skip and Medusa heads; not with prompt lookup, fallback or EAGLE",
+    )
+    p.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="choose K each round (0 = a plain step, up to -k) from past acceptance and measured round costs; "
+        "output is unchanged. The costs are measured once per machine and shape and cached on disk "
+        "(README 'Adaptive speculation')",
+    )
+    p.add_argument("--remeasure-costs", action="store_true", help="with --adaptive: measure round costs anew")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 = exact speculative sampling")
+    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (both models)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (both models)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (and random-init seed)")
+    p.add_argument("--eos-token-id", type=int, default=None, help="stop a row at this token (default: the tokenizer's)")
+    p.add_argument("--ignore-eos", action="store_true", help="never stop early: always generate --max-new-tokens")
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default=None,
+        help="KV-cache storage dtype (default: the params' dtype)",
+    )
+    p.add_argument("--prefill-chunk", type=int, default=512, help="prefill long prompts in chunks of this many tokens")
+    p.add_argument(
+        "--attention-block", type=int, default=256, help="attention reads the KV cache in blocks of this size"
+    )
+    p.add_argument("--warmup", action="store_true", help="run once first so the timing excludes compilation")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object instead of text: text, tokens, stats, timing and the settings of the run",
+    )
+    p.add_argument(
+        "--mesh",
+        default=None,
+        metavar="data=D,model=M",
+        help="shard over a device mesh: rows over 'data', tensor parallel over 'model' (see README 'Scaling out')",
+    )
+    p.set_defaults(func=generate_command)
+    return p
+
+
+def read_prompts(args) -> list[str]:
+    """--prompt values, then --prompt-file's prompts; 'def ' when there are none."""
+    prompts = list(args.prompt or [])
+    if args.prompt_file is not None:
+        from specjax.bench.prompts import read_prompt_file
+
+        prompts += [text for _, text in read_prompt_file(args.prompt_file, what="--prompt-file")]
+    return prompts or ["def "]
+
+
+def encode_prompts(tokenizer, texts: list[str], chat: bool):
+    """Strings for the engine (it encodes them), or token ids when a chat template wraps them."""
+    if not chat:
+        return texts
+    from specjax.bench.prompts import encode
+
+    return [encode(tokenizer, text, chat_template=True) for text in texts]
+
+
+def build_drafter(args, target):
+    from specjax.drafters import make_drafter
+    from specjax.io.presets import resolve_model
+
+    def load(name: str):
+        return resolve_model(name, seed=args.seed + 1)
+
+    if args.drafter is None:
+        return make_drafter(args.draft, load, target.config)
+    spec = args.drafter
+    if spec.lstrip().startswith("{"):
+        spec = parse_yaml(spec, "--drafter")
+    return make_drafter(spec, load, target.config)
+
+
+def settings(args, draft, tree) -> dict:
+    """How the run was made, for --json: enough to trace a saved result back to its command."""
+    from specjax.bench.timing import environment
+
+    return {
+        "command": ["specjax", *sys.argv[1:]] if sys.argv and sys.argv[0].endswith("specjax") else None,
+        "target": args.target,
+        "drafter": None if args.plain else (args.drafter or args.draft),
+        "drafter_kind": None if draft is None else getattr(draft, "name", "draft_model"),
+        "num_speculative_tokens": None if args.plain or tree is not None else args.num_speculative_tokens,
+        "tree": None if tree is None else repr(tree),
+        "adaptive": bool(args.adaptive and not args.plain),
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "seed": args.seed,
+        "eos_token_id": args.eos_token_id,
+        "ignore_eos": args.ignore_eos,
+        "chat": args.chat,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "prefill_chunk": args.prefill_chunk,
+        "attention_block": args.attention_block,
+        "mesh": args.mesh,
+        "environment": environment(),
+    }
+
+
+def generate_command(args) -> int:
+    from specjax.cli.summary import print_summary
+    from specjax.engine.decode import generate
+    from specjax.engine.loop import CacheConfig
+    from specjax.engine.speculative import speculative_generate
+    from specjax.io.presets import resolve_model
+    from specjax.trees.tree import Tree
+
+    texts = read_prompts(args)
+    target = resolve_model(args.target, seed=args.seed)
+    tokenizer = target.tokenizer
+    if tokenizer is None:
+        raise ValueError(f"model {args.target!r} has no tokenizer, so it cannot take text prompts")
+    prompts = encode_prompts(tokenizer, texts, args.chat)
+    eos = None if args.ignore_eos else args.eos_token_id or getattr(tokenizer, "eos_token_id", None)
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    cache = CacheConfig(dtype=args.kv_cache_dtype, block_size=args.attention_block, prefill_chunk=args.prefill_chunk)
+    common = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, eos_token_id=eos, cache_config=cache, **sampling)
+    draft = None if args.plain else build_drafter(args, target)
+    tree = None if args.tree is None or args.plain else Tree.from_spec(args.tree)
+    adaptive = _adaptive(args)
+    if args.mesh is not None:
+        from specjax.parallel.mesh import mesh_from
+        from specjax.parallel.shard import shard_pair
+
+        target, draft = shard_pair(target, draft, mesh_from(args.mesh))
+
+    def run():
+        if draft is None:
+            return generate(target, prompts, **common)
+        k = args.num_speculative_tokens
+        return speculative_generate(
+            target, draft, prompts, num_speculative_tokens=k, tree=tree, adaptive=adaptive, **common
+        )
+
+    if args.warmup:
+        run()
+    start = time.perf_counter()
+    out = run()
+    seconds = time.perf_counter() - start
+    outputs = out.text if out.text is not None else [tokenizer.decode(t, skip_special_tokens=True) for t in out.tokens]
+    measuring = _measuring_seconds(out.stats) if not args.warmup else 0.0
+    timing = {
+        "seconds": seconds,
+        "generate_seconds": seconds - measuring,
+        "cost_measurement_seconds": measuring,
+        "tokens_per_second": out.stats.generated_tokens / max(seconds - measuring, 1e-9),
+        "includes_compile": not args.warmup,
+        "backend": jax.default_backend(),
+        "mesh": args.mesh,
+    }
+    if args.json:
+        record = {
+            "text": outputs,
+            "tokens": out.tokens,
+            "stats": out.stats.to_dict(),
+            "timing": timing,
+            "settings": settings(args, draft, tree),
+        }
+        print(json.dumps(record))
+        return 0
+    for prompt, text in zip(texts, outputs, strict=True):
+        print(f"--- {prompt!r}\n{prompt}{text}")
+    print_summary(args, out.stats, tree, timing)
+    return 0
+
+
+def _adaptive(args):
+    """False, or the AdaptiveConfig the flags ask for."""
+    if not args.adaptive or args.plain:
+        return False
+    from specjax.engine.adaptive_policy import AdaptiveConfig
+
+    names = {f.name for f in __import__("dataclasses").fields(AdaptiveConfig)}
+    options = {k: v for k, v in (("remeasure", args.remeasure_costs), ("progress", True)) if k in names}
+    return AdaptiveConfig(**options) if options else True
+
+
+def _measuring_seconds(stats) -> float:
+    """Seconds the adaptive policy spent measuring round costs inside the timed call (0 if none)."""
+    costs = (stats.adaptive or {}).get("costs")
+    if isinstance(costs, dict) and costs.get("source") == "measured":
+        return float(costs.get("seconds") or 0.0)
+    return 0.0

@@ -1,0 +1,161 @@
+"""The config-driven commands: train, distill, train-head and bench.
+
+Each reads a YAML config (a typed frozen dataclass, `--set key=value` overrides) and
+writes into --out; the training commands resume from the newest checkpoint when rerun.
+"""
+
+from __future__ import annotations
+
+import json
+
+from specjax.cli.generate import HelpFormatter
+
+
+def _add_run_arguments(p, config_help: str, out_help: str) -> None:
+    """What every config-driven command takes."""
+    p.add_argument("--config", required=True, help=config_help)
+    p.add_argument("--out", required=True, help=out_help)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+_RESUMABLE_OUT = "run directory (rerun with the same one to resume)"
+
+
+def add_train(subparsers):
+    p = subparsers.add_parser(
+        "train",
+        help="pretrain a model on the stdlib corpus (resumes automatically)",
+        description="Train a byte-level model on the Python standard-library corpus. Rerunning the same "
+        "command with the same --out resumes from the newest checkpoint, even after kill -9.",
+        formatter_class=HelpFormatter,
+    )
+    _add_run_arguments(p, "YAML file of a TrainConfig (see configs/train_*.yaml)", _RESUMABLE_OUT)
+    p.add_argument("--export", help="also write the final model in Hugging Face format to this directory")
+    p.set_defaults(func=_train)
+    return p
+
+
+def _train(args) -> int:
+    from specjax.configs import load_config
+    from specjax.training.train import TrainConfig, evaluate, train
+
+    config = load_config(TrainConfig, args.config, args.set)
+    print(f"training {config.model.num_parameters:,} parameters for {config.steps} steps into {args.out}")
+    model = train(config, args.out, progress=not args.no_progress)
+    print("validation bits/byte:", json.dumps(evaluate(model)))
+    if args.export:
+        from specjax.io.hf import save_model
+
+        save_model(model, args.export)
+        print(f"exported to {args.export}")
+    return 0
+
+
+def add_distill(subparsers):
+    p = subparsers.add_parser(
+        "distill",
+        help="distil a draft toward a target so that it is accepted more often (resumes automatically)",
+        description="Train a draft on a divergence to a frozen target (DistillSpec-style). Writes "
+        "metrics.jsonl (with held-out acceptance), results.json and the distilled draft in HF format "
+        "under OUT/draft. Rerunning the same command with the same --out resumes.",
+        formatter_class=HelpFormatter,
+    )
+    _add_run_arguments(
+        p, "YAML of a DistillConfig, or of a comparison (base: + variants:), see configs/distill_*.yaml", _RESUMABLE_OUT
+    )
+    p.set_defaults(func=_distill)
+    return p
+
+
+def _distill(args) -> int:
+    from specjax.configs import load_config
+    from specjax.training.distill import DistillConfig, distill
+    from specjax.training.distill_compare import CompareConfig, compare, is_comparison
+
+    if is_comparison(args.config):
+        config = load_config(CompareConfig, args.config, args.set)
+        rows = compare(config, args.out, progress=not args.no_progress)
+        for row in rows:
+            print(
+                f"{row['variant']:<24} acceptance length {row['mean_acceptance_length_before']:.2f} -> "
+                f"{row['mean_acceptance_length_after']:.2f} greedy, {row['mean_acceptance_length_sampled_before']:.2f}"
+                f" -> {row['mean_acceptance_length_sampled_after']:.2f} sampled"
+            )
+        print(f"wrote {args.out}/results.json, results.csv, acceptance.png")
+        return 0
+    config = load_config(DistillConfig, args.config, args.set)
+    results = distill(config, args.out, progress=not args.no_progress)
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+def add_train_head(subparsers):
+    p = subparsers.add_parser(
+        "train-head",
+        help="train a Medusa, EAGLE or EAGLE-3 draft head on a frozen target's hidden states (resumes automatically)",
+        description="Train a draft head that reads the target's own hidden states: Medusa (K residual heads "
+        "through the target's LM head), EAGLE (one decoder layer extrapolating the target's final feature) or "
+        "EAGLE-3-style (the same over several of the target's layers), distilled toward the target's "
+        "distribution. Writes metrics.jsonl (with held-out acceptance), results.json and the head under "
+        "OUT/head, which `specjax generate --drafter OUT/head` and `specjax.load_drafter` accept for the target "
+        "it was trained for. Rerunning the same command resumes.",
+        formatter_class=HelpFormatter,
+    )
+    _add_run_arguments(
+        p,
+        "YAML of a HeadTrainConfig (configs/medusa_head.yaml, configs/eagle_head.yaml, configs/eagle3_head.yaml)",
+        _RESUMABLE_OUT,
+    )
+    p.set_defaults(func=_train_head)
+    return p
+
+
+def _train_head(args) -> int:
+    from specjax.configs import load_config
+    from specjax.training.heads import HeadTrainConfig, train_head
+
+    config = load_config(HeadTrainConfig, args.config, args.set)
+    results = train_head(config, args.out, progress=not args.no_progress)
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+def add_bench(subparsers):
+    from specjax.bench.config import EXPERIMENTS
+
+    listing = ", ".join(f"{eid} {name}" for name, eid in EXPERIMENTS.items())
+    p = subparsers.add_parser(
+        "bench",
+        help=f"run experiments {min(EXPERIMENTS.values())}-{max(EXPERIMENTS.values(), key=lambda e: int(e[1:]))} "
+        "(timing, acceptance, cost model, drafting methods, trees, scaling, adaptive K) with results and plots",
+        description=f"Run the experiments a BenchConfig lists ({listing}) and write OUT/results.json, "
+        "OUT/results.csv, one CSV and one PNG per experiment, and OUT/summary.md. Timings exclude compilation, "
+        "are repeated, interleaved and reported as medians. See README 'Bench'.",
+        formatter_class=HelpFormatter,
+    )
+    _add_run_arguments(
+        p,
+        "YAML of a BenchConfig (see configs/quick.yaml, configs/e*.yaml)",
+        "results directory (created; files in it are overwritten)",
+    )
+    p.set_defaults(func=_bench)
+    return p
+
+
+def _bench(args) -> int:
+    from specjax.bench import BenchConfig, run_bench
+    from specjax.configs import load_config
+
+    config = load_config(BenchConfig, args.config, args.set)
+    results = run_bench(config, args.out, progress=not args.no_progress)
+    for name, experiment in results["experiments"].items():
+        summary = ", ".join(
+            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in experiment["summary"].items()
+            if not isinstance(v, dict)
+        )
+        compiled = experiment["compiled_programs"]
+        print(f"{experiment['id']} {name} ({experiment['seconds']:.0f} s, {compiled} programs compiled): {summary}")
+    print(f"wrote {args.out}/results.json, results.csv, summary.md and one PNG + CSV per experiment")
+    return 0
