@@ -58,6 +58,13 @@ def small_draft():
     return scaled_model(SMALL_DRAFT_CONFIG, seed=1)
 
 
+@pytest.fixture(autouse=True)
+def _cost_cache_dir(tmp_path_factory, monkeypatch):
+    """Every test its own round-cost cache (bench/cost_cache.py): none writes to ~/.cache or
+    reads a file an earlier run left."""
+    monkeypatch.setenv("SPECJAX_CACHE_DIR", str(tmp_path_factory.mktemp("specjax-cache")))
+
+
 RAGGED_PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [7], [30, 31]]
 
 

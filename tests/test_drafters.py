@@ -246,3 +246,12 @@ def test_sampling_matches_plain_sampling(pair8, plain_samples, name, sampling_na
         assert 0.0 < out.stats.acceptance_rate < 1.0
     else:
         assert p_value < 1e-8
+
+
+def test_fallback_takes_a_model_as_a_drafter(target, small_draft, plain):
+    """A Model is accepted wherever a drafter is: Fallback drafts with it as a DraftModel."""
+    drafter = specjax.Fallback(specjax.PromptLookup(), small_draft)
+    assert drafter == specjax.Fallback(specjax.PromptLookup(), specjax.DraftModel(small_draft))
+    out = specjax.speculative_generate(target, drafter, PROMPTS, num_speculative_tokens=3, max_new_tokens=NEW)
+    assert out.tokens == plain.tokens
+    assert set(out.stats.drafter) == {"kind", "first.no_match_rounds"}

@@ -145,7 +145,11 @@ def test_save_load_round_trip_keeps_the_layers_and_old_heads_still_load(target, 
     a = specjax.speculative_generate(target, head, RAGGED_PROMPTS, **kwargs)
     b = specjax.speculative_generate(target, loaded, RAGGED_PROMPTS, **kwargs)
     assert a.tokens == b.tokens and a.stats == b.stats
-    with pytest.raises(ValueError, match=r"trained for three: feature layers \[2\] do not exist"):
+    with pytest.raises(
+        ValueError,
+        match=r"trained for three with feature layers \[0, 2\] \(of 3 layers\); the given "
+        r"target has 2 layers \(feature layers \[2\] do not exist\)",
+    ):
         specjax.load_drafter(tmp_path / "head", TARGET_CONFIG)
     old = specjax.load_drafter("stdlib-eagle", specjax.load_model("stdlib-target"))  # saved before the field
     assert old.feature_layers == () and old.needs_features is True and "reduce" not in old.params

@@ -167,8 +167,33 @@ def _predictions(ctx: BenchContext) -> list[dict]:
     return out
 
 
+def _scenario_rows(result: dict, comparison: dict) -> list[dict | None]:
+    """The pooled rows behind one comparison's bars: plain, each static K, adaptive (None where missing)."""
+    rows = [
+        r
+        for r in pooled(result["rows"])
+        if r.get("scenario") == comparison["scenario"] and r["batch_size"] == comparison["batch_size"]
+    ]
+    plain = next((r for r in rows if r["method"] == "plain"), None)
+    static = {r["num_speculative_tokens"]: r for r in rows if r["method"] == "speculative" and not r.get("adaptive")}
+    adaptive = next((r for r in rows if r.get("adaptive")), None)
+    return [plain, *(static.get(k) for k in comparison["static_speedups"]), adaptive]
+
+
+def _bar_errors(rows: list[dict | None], values: list[float]):
+    """Min-max of each bar's repeats (speedup_vs_plain_repeats), or None without them."""
+    if any(r is None or "speedup_vs_plain_repeats" not in r for r in rows):
+        return None
+    below = [max(v - min(r["speedup_vs_plain_repeats"]), 0.0) for r, v in zip(rows, values, strict=True)]
+    above = [max(max(r["speedup_vs_plain_repeats"]) - v, 0.0) for r, v in zip(rows, values, strict=True)]
+    return [below, above]
+
+
 def plot(result: dict, path, title: str):
-    """Adaptive and every static K as speedup vs plain, per scenario; the shift trajectory."""
+    """Adaptive and every static K as speedup vs plain, per scenario (error bars: min-max of
+    the repeats); the predictions; the shift trajectory."""
+    from specjax.bench.plots import save
+
     comparisons, predictions = result["comparisons"], result.get("predictions") or []
     panels = len(comparisons) + (result["trajectory"] is not None) + bool(predictions)
     fig, axes = plt.subplots(1, panels, figsize=(3.2 * panels, 3.4), squeeze=False)
@@ -176,7 +201,8 @@ def plot(result: dict, path, title: str):
         labels = ["plain", *(f"K={k}" for k in c["static_speedups"]), "adaptive"]
         values = [1.0, *c["static_speedups"].values(), c["adaptive_speedup_vs_plain"]]
         colors = ["0.6"] * (len(values) - 1) + ["tab:red"]
-        ax.bar(range(len(values)), values, color=colors)
+        yerr = _bar_errors(_scenario_rows(result, c), values)
+        ax.bar(range(len(values)), values, color=colors, yerr=yerr, capsize=2)
         ax.set_xticks(range(len(values)), labels, rotation=60, fontsize=7)
         ax.axhline(1.0, color="k", lw=0.5)
         ax.set_title(f"{c['scenario']}, batch {c['batch_size']}", fontsize=9)
@@ -207,7 +233,4 @@ def plot(result: dict, path, title: str):
         ax.set_title("shift: the policy over one generation", fontsize=9)
         ax.legend(loc="upper right", fontsize=7)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, path, result)

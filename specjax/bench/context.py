@@ -17,7 +17,7 @@ from specjax.bench.drafter_spec import DrafterSpec, DraftSpec, build_drafter, de
 from specjax.bench.loops import draft_model_of
 from specjax.bench.measure import DRAFT, POOLED, RunSpec, Workload, acceptance, adaptive_specs_for, measure
 from specjax.bench.prompts import load_prompts
-from specjax.bench.timing import matmul_flops, memory_bandwidth
+from specjax.bench.timing import matmul_flops, memory_bandwidth, repeat_values
 from specjax.drafters import Drafter, as_drafter
 from specjax.io.model import Model, init_model
 from specjax.io.presets import resolve_model
@@ -53,6 +53,22 @@ def describe_drafter(drafter: Drafter, spec: DraftSpec | None) -> dict:
         "parameters": sum(int(w.size) for w in weights),  # its own weights (layer skip reads the target's)
         "drafter": repr(drafter.without_weights()),
     }
+
+
+def with_repeats(rows: list[dict]) -> list[dict]:
+    """Add each timed repetition's figures to measured rows, so plots can show the spread and
+    a reader can check the medians: `tokens_per_second_repeats` (median = tokens_per_second)
+    and `speedup_vs_plain_repeats`, each repetition's tokens/s over the median tokens/s of the
+    plain baseline of the same batch, temperature and category (median = speedup_vs_plain;
+    the plain row's own spread around 1 is the baseline's noise)."""
+    for row in rows:
+        row["tokens_per_second_repeats"] = repeat_values(row)
+    plain = {(r["batch_size"], r["temperature"], r.get("category")): r for r in rows if r["method"] == "plain"}
+    for row in rows:
+        base = plain.get((row["batch_size"], row["temperature"], row.get("category")))
+        if base is not None:
+            row["speedup_vs_plain_repeats"] = [t / base["tokens_per_second"] for t in row["tokens_per_second_repeats"]]
+    return rows
 
 
 class BenchContext:
@@ -176,7 +192,8 @@ class BenchContext:
         total = timing.repeats * len({*specs, *(s.plain for s in specs)})
         with tqdm(total=total, desc=description, disable=not self.progress, leave=False) as bar:
             workload = workload or self.workload
-            return measure(workload, specs, timing.repeats, timing.warmup, timing.tpot_target_ms, bar)
+            rows = measure(workload, specs, timing.repeats, timing.warmup, timing.tpot_target_ms, bar)
+        return with_repeats(rows)
 
     def models(self) -> dict:
         c = self.config

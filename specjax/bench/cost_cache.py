@@ -116,6 +116,7 @@ def _write(path: Path, record: dict) -> None:
                 json.dump(record, f, indent=1)
                 f.flush()
                 os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared cache directory's files
             os.replace(tmp, path)
         except BaseException:
             os.unlink(tmp)

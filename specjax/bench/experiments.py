@@ -28,7 +28,7 @@ from specjax.bench.loops import draft_model_of
 from specjax.bench.measure import POOLED, RunSpec, pooled
 from specjax.bench.methods import methods
 from specjax.bench.scaling import scaling
-from specjax.bench.trees import trees
+from specjax.bench.trees import describe_sources, trees
 
 
 def _pooled_alpha(stats: dict) -> float:
@@ -146,7 +146,9 @@ def k_sweep(ctx: BenchContext) -> dict:
             k, category = row["num_speculative_tokens"], row["category"]
             row.update(_predict(ctx, k, cfg.batch_size, cfg.temperature, ctx.target, ctx.draft, ctx.context, category))
         _add_overhead(ctx, row, ctx.target, ctx.draft)
-    spec_rows = [r for r in pooled(rows) if r["method"] == "speculative"]
+    # The sweep is the static K rows (`adaptive: true` adds an adaptive twin at the largest K:
+    # it is no point of the sweep, so it is not the optimum either).
+    spec_rows = [r for r in pooled(rows) if r["method"] == "speculative" and not r.get("adaptive")]
     best = max(spec_rows, key=lambda r: r["speedup_vs_plain"])
     best_predicted = max(spec_rows, key=lambda r: r["predicted_speedup"])
     return {
@@ -318,6 +320,94 @@ def sampling(ctx: BenchContext) -> dict:
             "p_value_threshold": cfg.p_value_threshold,
         },
     }
+
+
+def _listed(values) -> str:
+    return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+
+
+def _one_or_swept(name: str, values) -> tuple[object, str]:
+    """(value or list, text): "temperature 0" for one value, "temperature swept: 0, 1" for several."""
+    values = list(dict.fromkeys(values))
+    if len(values) == 1:
+        return values[0], f"{name} {_listed(values)}"
+    return values, f"{name} swept: {_listed(values)}"
+
+
+def setting(name: str, ctx: BenchContext) -> dict:
+    """What an experiment's figure was measured at: batch size, temperature and prompt count
+    (a list where the experiment sweeps it), the timed repeats, and the same as one line of
+    text that every plot and summary.md show."""
+    c = ctx.config
+    prompts = len(ctx.workload.prompts)
+    repeats = c.timing.repeats
+    timed = f"medians of {repeats} timed repeats (error bars: min-max)"
+    costs = f"cost timings: medians of {repeats} repeats of {c.timing.cost_inner} iterations"
+    counted = "acceptance counted, not timed"
+    one_batch = "each prompt category in one batch"
+    out: dict = {"prompts": prompts, "max_new_tokens": c.max_new_tokens, "repeats": repeats}
+    extra: list[str] = []
+    if name in ("tokens_per_round", "sampling"):
+        cfg = getattr(c, name)
+        batch, batch_text = None, one_batch
+        temperature, temperature_text = _one_or_swept("temperature", cfg.temperatures)
+        extra = [counted, "K swept"]
+        if name == "sampling":
+            extra.append(
+                f"distribution test: 1 prompt, {cfg.test_samples} samples at temperature {cfg.test_temperature:g}, "
+                f"K={cfg.test_num_speculative_tokens}"
+            )
+        out["repeats"] = None
+    elif name == "waste":
+        batch, batch_text = None, one_batch
+        temperature, temperature_text = _one_or_swept("temperature", [c.waste.temperature])
+        extra, out["repeats"] = [counted, "K swept"], None
+    elif name == "verify_cost":
+        cfg = c.verify_cost
+        batch, batch_text = _one_or_swept("batch", cfg.batch_sizes)
+        temperature, temperature_text = None, "no sampling (forwards alone)"
+        prompts, out["prompts"] = None, None
+        extra = [f"cache of {cfg.context} slots", costs, "width swept"]
+    elif name == "k_sweep":
+        cfg = c.k_sweep
+        batch, batch_text = _one_or_swept("batch", [cfg.batch_size])
+        temperature, temperature_text = _one_or_swept("temperature", [cfg.temperature])
+        extra = [timed, "K swept"]
+    elif name == "batch_sweep":
+        cfg = c.batch_sweep
+        batch, batch_text = _one_or_swept("batch", cfg.batch_sizes)
+        temperature, temperature_text = _one_or_swept("temperature", [cfg.temperature])
+        extra = [f"K={cfg.num_speculative_tokens}", timed if cfg.end_to_end else "predicted only", costs]
+    elif name == "context_sweep":
+        cfg = c.context_sweep
+        batch, batch_text = _one_or_swept("batch", [cfg.batch_size])
+        temperature, temperature_text = _one_or_swept("temperature", [0.0])
+        extra = [f"K={cfg.num_speculative_tokens}", costs, "context swept"]
+    elif name in ("methods", "trees"):
+        cfg = getattr(c, name)
+        batch, batch_text = _one_or_swept("batch", [cfg.batch_size])
+        temperature, temperature_text = _one_or_swept("temperature", cfg.temperatures)
+        extra = [timed]
+    elif name == "scaling":
+        cfg = c.scaling
+        batch, batch_text = _one_or_swept("batch", [cfg.batch_size])
+        temperature, temperature_text = _one_or_swept("temperature", [0.0])
+        extra = [f"K={cfg.num_speculative_tokens}", timed, "mesh swept"]
+    elif name == "adaptive_sweep":
+        cfg = c.adaptive_sweep
+        batch, batch_text = _one_or_swept("batch", cfg.batch_sizes)
+        temperature, temperature_text = _one_or_swept("temperature", [cfg.temperature])
+        extra = [timed]
+        if cfg.shift_prompts is not None:
+            sources = cfg.shift_prompts if isinstance(cfg.shift_prompts, list) else [cfg.shift_prompts]
+            extra.append(f"shift: {describe_sources(sources)}, batch 1")
+    else:
+        raise ValueError(f"no setting for experiment {name!r}")
+    parts = [batch_text, temperature_text]
+    if prompts is not None:
+        parts.append(f"{prompts} prompts, {c.max_new_tokens} new tokens each")
+    out.update(batch_size=batch, temperature=temperature, text="; ".join([*parts, *extra]))
+    return out
 
 
 EXPERIMENT_FUNCTIONS = {

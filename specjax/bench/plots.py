@@ -2,10 +2,15 @@
 
 Rows of one prompt category are left out (the CSVs and tables have them): each plot
 shows the rows pooled over every prompt, except E8's, which groups its bars by category.
+Timed values are medians over the repeats; where the rows carry the repeats
+(`<key>_repeats`), error bars span their min to max. A line under each figure says what it
+was measured at: batch size, temperature and prompt count, or which of them it sweeps
+(the experiment's `setting`).
 """
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -25,11 +30,58 @@ def _integer_x(*axes) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
+_SETTING_FONT = 8
+
+
+def _save(fig, path: Path, result: dict | None = None) -> Path:
+    """Write the figure, with the experiment's setting line (batch, temperature, prompts) under it."""
+    text = ((result or {}).get("setting") or {}).get("text")
+    if text:
+        chars = int(fig.get_figwidth() * 72 / (0.55 * _SETTING_FONT))  # characters that fit a line
+        lines = textwrap.wrap(text, chars, break_on_hyphens=False)
+        fig.text(0.5, 0.012, "\n".join(lines), ha="center", va="bottom", fontsize=_SETTING_FONT, color="0.25")
+        bottom = (0.08 + 0.16 * len(lines)) / fig.get_figheight()
+        fig.tight_layout(rect=(0, bottom, 1, 1))
+    else:
+        fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+save = _save  # for the plots kept beside their experiments (scaling.py, adaptive.py)
+
+
+def spread(rows: list[dict], key: str, scale: float = 1.0) -> list[list[float]] | None:
+    """Error bars [below, above] around each row's `key` spanning the min and max of its
+    `<key>_repeats`; None unless every row carries them."""
+    if not rows or any(f"{key}_repeats" not in r for r in rows):
+        return None
+    below = [max(scale * (r[key] - min(r[f"{key}_repeats"])), 0.0) for r in rows]
+    above = [max(scale * (max(r[f"{key}_repeats"]) - r[key]), 0.0) for r in rows]
+    return [below, above]
+
+
+def _measured(ax, x, rows: list[dict], key: str, fmt: str, scale: float = 1.0, **kwargs):
+    """Measured medians as a line or markers, with min-max error bars where the rows have repeats."""
+    yerr = spread(rows, key, scale)
+    return ax.errorbar(
+        x, [scale * r[key] for r in rows], yerr=yerr, fmt=fmt, capsize=3 if yerr else 0, elinewidth=0.9, **kwargs
+    )
+
+
+def _plain_band(ax, rows: list[dict]) -> None:
+    """Plain decoding's own repeat spread around 1 (speedup vs plain is relative to its median)."""
+    plain = [r for r in pooled(rows) if r["method"] == "plain" and "speedup_vs_plain_repeats" in r]
+    if len(plain) == 1:
+        values = plain[0]["speedup_vs_plain_repeats"]
+        ax.axhspan(min(values), max(values), color="0.5", alpha=0.18, lw=0, label="plain decoding: min-max of repeats")
+
+
+def optimum(rows: list[dict], x_key: str, y_key: str = "speedup_vs_plain") -> tuple:
+    """(x, y) of the row with the largest `y_key`: where an optimum marker goes."""
+    best = max(rows, key=lambda r: r[y_key])
+    return best[x_key], best[y_key]
 
 
 def _spec(rows):
@@ -51,7 +103,7 @@ def tokens_per_round(result: dict, path: Path, title: str) -> Path:
     _integer_x(ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return _save(fig, path, result)
 
 
 def verify_cost(result: dict, path: Path, title: str) -> Path:
@@ -74,23 +126,34 @@ def verify_cost(result: dict, path: Path, title: str) -> Path:
     for a in (ax, ax2):
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
-    return _save(fig, path)
+    return _save(fig, path, result)
 
 
 def k_sweep(result: dict, path: Path, title: str) -> Path:
-    rows = _spec(result["rows"])
+    """Measured (with the repeats' spread) and predicted speedup against K; a filled star on the
+    measured optimum, a hollow one on the predicted; an adaptive twin (`adaptive: true`) as its
+    own marker, outside the sweep."""
+    spec = _spec(result["rows"])
+    rows = [r for r in spec if not r.get("adaptive")]
     ks = [r["num_speculative_tokens"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    ax.plot(ks, [r["speedup_vs_plain"] for r in rows], "o-", label="measured")
-    ax.plot(ks, [r["predicted_speedup"] for r in rows], "s--", label="predicted (cost model)")
-    best = result["summary"]
-    ax.plot([best["best_k_measured"]], [best["best_speedup_measured"]], "r*", ms=14, label="measured optimum")
+    fig, ax = plt.subplots(figsize=(6.5, 4.4))
+    _plain_band(ax, result["rows"])
+    _measured(ax, ks, rows, "speedup_vs_plain", "o-", color="C0", label="measured")
+    ax.plot(ks, [r["predicted_speedup"] for r in rows], "s--", color="C1", label="predicted (cost model)")
+    k, value = optimum(rows, "num_speculative_tokens")
+    ax.plot([k], [value], "r*", ms=15, zorder=4, label=f"measured optimum: K={k}, {value:.2f}x")
+    k, value = optimum(rows, "num_speculative_tokens", "predicted_speedup")
+    label = f"predicted optimum: K={k}, {value:.2f}x"
+    ax.plot([k], [value], "*", ms=15, mfc="none", mec="C1", mew=1.5, zorder=4, label=label)
+    for r in (r for r in spec if r.get("adaptive")):
+        label = f"adaptive (K <= {r['num_speculative_tokens']})"
+        _measured(ax, [r["num_speculative_tokens"]], [r], "speedup_vs_plain", "D", color="C2", label=label)
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set(xlabel="K (draft tokens per round)", ylabel="speedup vs plain decoding", title=title)
     _integer_x(ax)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    ax.legend(fontsize=7)
+    return _save(fig, path, result)
 
 
 def batch_sweep(result: dict, path: Path, title: str) -> Path:
@@ -98,7 +161,7 @@ def batch_sweep(result: dict, path: Path, title: str) -> Path:
     predictions = result["predictions"]
     batches = [p["batch_size"] for p in predictions]
     label = f"predicted ({result['prediction_models']})"
-    ax.plot(batches, [p["predicted_speedup"] for p in predictions], "s--", label=label)
+    ax.plot(batches, [p["predicted_speedup"] for p in predictions], "s--", color="C0", label=label)
     ax2.plot(
         batches,
         [p["predicted_plain_tokens_per_second"] for p in predictions],
@@ -113,24 +176,25 @@ def batch_sweep(result: dict, path: Path, title: str) -> Path:
         color="C1",
         label="spec, predicted",
     )
-    spec = _spec(result["rows"])
+    spec = [r for r in _spec(result["rows"]) if not r.get("adaptive")]
     if spec:
-        ax.plot([r["batch_size"] for r in spec], [r["speedup_vs_plain"] for r in spec], "o-", label="measured")
         plain = [r for r in pooled(result["rows"]) if r["method"] == "plain"]
-        ax2.plot(
-            [r["batch_size"] for r in plain],
-            [r["tokens_per_second"] for r in plain],
-            "o-",
-            color="C0",
-            label="plain, measured",
+        if all("speedup_vs_plain_repeats" in r for r in plain):  # plain's own noise around 1
+            lows = [min(r["speedup_vs_plain_repeats"]) for r in plain]
+            highs = [max(r["speedup_vs_plain_repeats"]) for r in plain]
+            batches = [r["batch_size"] for r in plain]
+            ax.fill_between(batches, lows, highs, color="0.5", alpha=0.18, lw=0, label="plain: min-max of repeats")
+        _measured(ax, [r["batch_size"] for r in spec], spec, "speedup_vs_plain", "o-", color="C1", label="measured")
+        _measured(
+            ax2, [r["batch_size"] for r in plain], plain, "tokens_per_second", "o-", color="C0", label="plain, measured"
         )
-        ax2.plot(
-            [r["batch_size"] for r in spec],
-            [r["tokens_per_second"] for r in spec],
-            "o-",
-            color="C1",
-            label="spec, measured",
+        _measured(
+            ax2, [r["batch_size"] for r in spec], spec, "tokens_per_second", "o-", color="C1", label="spec, measured"
         )
+        adaptive = [r for r in _spec(result["rows"]) if r.get("adaptive")]
+        if adaptive:
+            x = [r["batch_size"] for r in adaptive]
+            _measured(ax, x, adaptive, "speedup_vs_plain", "D", color="C2", label="adaptive, measured")
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set(xlabel="batch size", ylabel="speedup vs plain decoding", title=title)
     ax2.set(xlabel="batch size", ylabel="total tokens/s", title="throughput")
@@ -139,7 +203,7 @@ def batch_sweep(result: dict, path: Path, title: str) -> Path:
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
     ax2.set_yscale("log")
-    return _save(fig, path)
+    return _save(fig, path, result)
 
 
 def context_sweep(result: dict, path: Path, title: str) -> Path:
@@ -181,7 +245,7 @@ def context_sweep(result: dict, path: Path, title: str) -> Path:
         ax3.set_yscale("log")
         ax3.grid(alpha=0.3)
         ax3.legend(fontsize=7)
-    return _save(fig, path)
+    return _save(fig, path, result)
 
 
 def waste(result: dict, path: Path, title: str) -> Path:
@@ -201,15 +265,25 @@ def waste(result: dict, path: Path, title: str) -> Path:
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set(ylabel="verified positions per round", title=title)
     ax.legend(fontsize=7)
-    for i, r in enumerate(rows):
-        histogram = r["rounds_accepting"]
-        share = [h / r["rounds"] for h in histogram]
-        ax2.plot(range(len(share)), share, "o-", color=f"C{i}", label=labels[i])
+    shares = acceptance_histogram(rows)
+    width = 0.8 / max(len(shares), 1)
+    colors = plt.cm.viridis([i / max(len(shares) - 1, 1) for i in range(len(shares))])
+    for i, (label, share) in enumerate(shares.items()):
+        x = [n + (i - (len(shares) - 1) / 2) * width for n in range(len(share))]
+        ax2.bar(x, share, width, color=colors[i], label=label)
     ax2.set(xlabel="draft tokens accepted in the round", ylabel="share of rounds", title="acceptance per round")
     _integer_x(ax2)
-    ax2.grid(alpha=0.3)
+    ax2.grid(alpha=0.3, axis="y")
     ax2.legend(fontsize=7)
-    return _save(fig, path)
+    return _save(fig, path, result)
+
+
+def acceptance_histogram(rows: list[dict]) -> dict[str, list[float]]:
+    """E6's bars: per K, the share of row-rounds that accepted exactly n = 0..K draft tokens."""
+    return {
+        f"K={r['num_speculative_tokens']}": [h / r["rounds"] if r["rounds"] else 0.0 for h in r["rounds_accepting"]]
+        for r in rows
+    }
 
 
 def sampling(result: dict, path: Path, title: str) -> Path:
@@ -236,7 +310,7 @@ def sampling(result: dict, path: Path, title: str) -> Path:
     ax2.set(yscale="log", ylim=(_P_FLOOR / 10, 10), ylabel="chi-square p-value")
     ax2.set_title("distribution test vs exact target")
     ax2.legend(fontsize=7)
-    return _save(fig, path)
+    return _save(fig, path, result)
 
 
 def methods(result: dict, path: Path, title: str) -> Path:
@@ -254,16 +328,20 @@ def methods(result: dict, path: Path, title: str) -> Path:
         ):
             ax = axes[line, column]
             for i, category in enumerate(categories):
-                values = {r["drafter"]: r[key] for r in rows if r["temperature"] == t and r["category"] == category}
-                x = [j + (i - (len(categories) - 1) / 2) * width for j in range(len(names))]
+                mine = {r["drafter"]: r for r in rows if r["temperature"] == t and r["category"] == category}
+                present = [n for n in names if n in mine]
+                x = [j + (i - (len(categories) - 1) / 2) * width for j, n in enumerate(names) if n in mine]
                 hatch = "//" if category == POOLED and len(categories) > 1 else None
-                ax.bar(x, [values.get(n, 0.0) for n in names], width, label=category, hatch=hatch, color=f"C{i}")
+                picked = [mine[n] for n in present]
+                yerr = spread(picked, key)  # timed: the repeats' min-max; counted: none
+                values = [r[key] for r in picked]
+                ax.bar(x, values, width, yerr=yerr, capsize=2, label=category, hatch=hatch, color=f"C{i}")
             ax.axhline(1.0, color="gray", lw=0.8)
             ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
             ax.set(ylabel=label, title=f"{title}, T={t}" if line == 0 else f"{label}, T={t}")
             ax.grid(alpha=0.3, axis="y")
             ax.legend(fontsize=7)
-    return _save(fig, path)
+    return _save(fig, path, result)
 
 
 def trees(result: dict, path: Path, title: str) -> Path:
@@ -285,14 +363,14 @@ def trees(result: dict, path: Path, title: str) -> Path:
             for i, family in enumerate(families):
                 group = sorted((r for r in mine if r["tree"] == family), key=lambda r: r["verify_width"])
                 widths = [r["verify_width"] for r in group]
-                ax.plot(widths, [r[key] for r in group], "o-" if i == 0 else "s-", color=f"C{i}", label=family)
+                _measured(ax, widths, group, key, "o-" if i == 0 else "s-", color=f"C{i}", label=family)
                 if line == 0 and "predicted_tokens_per_round" in group[0]:
                     predicted = [r["predicted_tokens_per_round"] for r in group]
                     ax.plot(widths, predicted, ":", color=f"C{i}", lw=0.9, label=f"{family}, predicted")
             presets = [r for r in mine if r["tree_kind"] == "preset"]
             for i, r in enumerate(presets):
                 name = f"preset {r['tree']} (width {r['verify_width']})"
-                ax.plot([r["verify_width"]], [r[key]], "D", color=f"C{i + len(families)}", label=name)
+                _measured(ax, [r["verify_width"]], [r], key, "D", color=f"C{i + len(families)}", label=name)
             for kind in ("chain", "tree"):
                 group = [r for r in mine if (r["tree_kind"] == "chain") == (kind == "chain")]
                 if group:
@@ -316,7 +394,7 @@ def trees(result: dict, path: Path, title: str) -> Path:
             ax.set_title(f"{title}, T={t}" if line == 0 else f"{label}, T={t} (ring: best chain / best tree)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-    return _save(fig, path)
+    return _save(fig, path, result)
 
 
 PLOTS = {

@@ -10,6 +10,9 @@ from pathlib import Path
 # not a model (kind, parameters, drafter); experiment E8 "methods".
 SCHEMA_VERSION = 2
 
+# summary.md flags a measured speedup further than this from the cost model's prediction.
+PREDICTION_TOLERANCE = 0.25
+
 # Written into every results.json, so a number never travels without its meaning.
 DEFINITIONS = {
     "tokens_per_second": "output tokens of all requests / wall time of all requests (median over repetitions)",
@@ -54,6 +57,17 @@ DEFINITIONS = {
     "scenario": "E11: random (a random-weight draft), pair (the pair at batch 1), batch (other batch sizes), "
     "shift (prompts whose acceptance shifts mid-generation)",
     "acceptance_by_depth": "E9: accepted_per_position of the first 8 depths (a tree's depth i), 2 decimals",
+    "tokens_per_second_repeats": "tokens_per_second of each timed repetition (their median is tokens_per_second); "
+    "plots draw their min-max as error bars",
+    "speedup_vs_plain_repeats": "each repetition's tokens/s / the median tokens/s of plain decoding at the same "
+    "batch, temperature and category (their median is speedup_vs_plain; the plain row's spread is its own noise)",
+    "load_average": "os.getloadavg() (1, 5, 15 minutes) at the start of the run and after the last experiment "
+    "(per experiment: before and after it), beside the machine's CPU count: a load above it means other work "
+    "shared the cores the timings ran on",
+    "setting": "per experiment: the batch size, temperature and prompt count its figure was measured at (a list "
+    "where it sweeps one), as the line under its plot",
+    "measured_vs_predicted": "summary.md: speedup_vs_plain / predicted_speedup - 1; flagged when more than "
+    f"{PREDICTION_TOLERANCE:.0%} either way",
 }
 
 # Columns that lead every measured row (the required fields of the schema).
@@ -205,6 +219,71 @@ def _table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
+def prediction_gap(measured: float, predicted: float) -> float:
+    """How far a measured speedup is from its prediction, relative to the prediction."""
+    return measured / predicted - 1.0
+
+
+def prediction_flag(measured: float, predicted: float, tolerance: float = PREDICTION_TOLERANCE) -> str | None:
+    """A warning when a measured speedup is more than `tolerance` away from the prediction, else None."""
+    gap = prediction_gap(measured, predicted)
+    if abs(gap) <= tolerance:
+        return None
+    return f"⚠ measured {measured:.2f}x vs predicted {predicted:.2f}x ({gap:+.0%})"
+
+
+def _predicted(row: dict) -> bool:
+    """The row has a measured and a predicted speedup."""
+    return row.get("predicted_speedup") is not None and row.get("speedup_vs_plain") is not None
+
+
+def _with_gaps(rows: list[dict]) -> list[dict]:
+    """Rows with a `measured_vs_predicted` cell where they carry a measured and a predicted speedup."""
+    out = []
+    for row in rows:
+        if _predicted(row):
+            gap = prediction_gap(row["speedup_vs_plain"], row["predicted_speedup"])
+            flagged = prediction_flag(row["speedup_vs_plain"], row["predicted_speedup"]) is not None
+            row = {**row, "measured_vs_predicted": ("⚠ " if flagged else "") + f"{gap:+.0%}"}
+        out.append(row)
+    return out
+
+
+def _where(row: dict) -> str:
+    """Which row a flag is about, in the terms of its experiment."""
+    parts = [f"K={row['num_speculative_tokens']}"]
+    if row.get("adaptive"):
+        parts[0] = f"adaptive K<={row['num_speculative_tokens']}"
+    parts.append(f"batch {row['batch_size']}")
+    if row.get("category", "all") != "all":
+        parts.append(row["category"])
+    return ", ".join(parts)
+
+
+def prediction_flags(rows: list[dict]) -> list[str]:
+    """One line per row whose measured speedup is more than the tolerance from its prediction."""
+    lines = []
+    for row in filter(_predicted, rows):
+        flag = prediction_flag(row["speedup_vs_plain"], row["predicted_speedup"])
+        if flag:
+            lines.append(f"- {flag}: {_where(row)}")
+    return lines
+
+
+def _load_line(load: dict) -> list[str]:
+    """The machine's load average at the start and end of the run, and a warning when it was busy."""
+
+    def text(values):
+        return "/".join(f"{v:.2f}" for v in values) if values else "n/a"
+
+    cpus = load.get("cpu_count")
+    lines = [f"- load average (1/5/15 min): {text(load['start'])} at start, {text(load['end'])} at end, {cpus} CPUs"]
+    busiest = max((values[0] for values in (load["start"], load["end"]) if values), default=None)
+    if busiest is not None and cpus and busiest > cpus:
+        lines.append(f"- ⚠ load average {busiest:.2f} above the {cpus} CPUs: other work shared the cores, timings are noisy")
+    return lines
+
+
 def _describe(model: dict) -> str:
     """One line for a model or drafter of results.json `models`."""
     dtype = f", {model['dtype']}" if "dtype" in model else ""
@@ -230,12 +309,27 @@ def summary_markdown(results: dict) -> str:
             f"- measured memory bandwidth {m['memory_bandwidth_bytes_per_second'] / 1e9:.1f} GB/s, "
             f"matmul {m['matmul_flops_per_second'] / 1e9:.1f} GFLOP/s ({m['matmul_dtype']})"
         )
+    if results.get("load_average"):
+        lines += _load_line(results["load_average"])
     for name, experiment in results["experiments"].items():
         lines += ["", f"## {experiment['id']} {name}: {experiment['claim']}", ""]
+        if experiment.get("setting"):
+            lines.append(f"- setting: {experiment['setting']['text']}")
         lines += [f"- {key}: {_cell(value)}" for key, value in experiment["summary"].items()]
         if experiment.get("drafters"):
             lines += ["", *(f"- `{label}`: {_describe(d)}" for label, d in experiment["drafters"].items())]
-        lines += ["", _table(experiment["rows"], _columns(name, experiment["rows"]))]
+        rows, columns = experiment["rows"], _columns(name, experiment["rows"])
+        if any(map(_predicted, rows)):
+            rows, columns = _with_gaps(rows), [*columns, "measured_vs_predicted"]
+        lines += ["", _table(rows, columns)]
+        flags = prediction_flags(experiment["rows"])
+        if flags:
+            lines += [
+                "",
+                f"Measured speedup more than {PREDICTION_TOLERANCE:.0%} away from the cost model's prediction:",
+                "",
+                *flags,
+            ]
         if experiment.get("distribution_test"):
             columns = ["rule", "p_value_token_1", "p_value_token_2", "tv_token_1", "tv_token_2", "passes"]
             lines += ["", _table(experiment["distribution_test"], columns)]

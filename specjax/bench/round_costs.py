@@ -56,14 +56,13 @@ def measure_round_costs(
         part, drafter = ("step", None) if drafted == 0 else ("round", draft)
         loops[label] = (part, target, drafter, batch, drafted, room, temperature, None, cache, tree)
     todo = {
-        loop_key(*loop): (label, loop)
-        for label, loop in loops.items()
-        if remeasure or loop_key(*loop) not in _SECONDS
+        loop_key(*loop): (label, loop) for label, loop in loops.items() if remeasure or loop_key(*loop) not in _SECONDS
     }
     if todo:
         names = ",".join(str(label) for label, _ in todo.values())
         steps = 2 * len(todo) * (1 + repeats)  # a compile and the timed calls of each loop length
-        with tqdm(total=steps, desc=f"measuring round costs (K={names})", disable=_disabled(progress), leave=False) as bar:
+        bar = tqdm(total=steps, desc=f"measuring round costs (K={names})", disable=_disabled(progress), leave=False)
+        with bar:
             calls = {}
             for key, (_, loop) in todo.items():
                 for n in (SHORT, LONG):

@@ -12,9 +12,9 @@ from specjax.bench import plots
 from specjax.bench.compiles import compiled_programs
 from specjax.bench.config import EXPERIMENTS, BenchConfig
 from specjax.bench.context import BenchContext
-from specjax.bench.experiments import EXPERIMENT_FUNCTIONS
+from specjax.bench.experiments import EXPERIMENT_FUNCTIONS, setting
 from specjax.bench.report import DEFINITIONS, SCHEMA_VERSION, write_results
-from specjax.bench.timing import environment
+from specjax.bench.timing import environment, load_average, machine_load
 from specjax.configs import to_dict
 from specjax.drafters import Drafter
 from specjax.io.model import Model
@@ -34,11 +34,15 @@ def run_bench(
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    load = machine_load()  # before loading models: what else the machine was doing
     ctx = BenchContext(config, target=target, draft=draft, progress=progress)
     results = {
         "schema_version": SCHEMA_VERSION,
         "config": to_dict(config),
         "environment": environment(),
+        # The machine's load average at the start and (after each experiment) the end: a run
+        # that shared its cores with other work can be recognised.
+        "load_average": load,
         "models": ctx.models(),
         "definitions": DEFINITIONS,
         "experiments": {},
@@ -48,13 +52,15 @@ def run_bench(
     compiled_before = compiled_programs()
     for name in tqdm(names, desc="experiments", disable=not progress):
         experiment_id = EXPERIMENTS[name]
-        start, compiled_start = time.perf_counter(), compiled_programs()
+        start, compiled_start, load_start = time.perf_counter(), compiled_programs(), load_average()
         experiment = EXPERIMENT_FUNCTIONS[name](ctx)
         stem = f"{experiment_id.lower()}_{name}"
-        experiment.update(id=experiment_id, plot=f"{stem}.png", csv=f"{stem}.csv")
+        experiment.update(id=experiment_id, plot=f"{stem}.png", csv=f"{stem}.csv", setting=setting(name, ctx))
         plots.PLOTS[name](experiment, out_dir / experiment["plot"], f"{experiment_id}: {name.replace('_', ' ')}")
         experiment["seconds"] = time.perf_counter() - start
         experiment["compiled_programs"] = compiled_programs() - compiled_start
+        experiment["load_average"] = {"start": load_start, "end": load_average()}
+        results["load_average"]["end"] = experiment["load_average"]["end"]
         results["compiled_programs"] = compiled_programs() - compiled_before
         if config.clear_caches:
             jax.clear_caches()  # bound live executables (see bench/compiles.py)

@@ -157,9 +157,22 @@ def _summary(rows: list[dict], links: dict, skipped: list[dict]) -> dict:
     return out
 
 
+def _relative_spread(row: dict) -> tuple[float, float]:
+    """(below, above) error bar of tokens_per_second_vs_first_mesh: the min-max of the row's
+    repeats, on the same scale (0, 0 without them)."""
+    relative, repeats = row.get("tokens_per_second_vs_first_mesh"), row.get("tokens_per_second_repeats")
+    if relative is None or not repeats:
+        return 0.0, 0.0
+    scale = relative / row["tokens_per_second"]
+    return max(relative - scale * min(repeats), 0.0), max(scale * max(repeats) - relative, 0.0)
+
+
 def plot(result: dict, path, title: str):
-    """Tokens/s relative to the first mesh, per mesh, one bar per method/draft layout."""
+    """Tokens/s relative to the first mesh, per mesh, one bar per method/draft layout (error
+    bars: min-max of the repeats)."""
     import matplotlib.pyplot as plt
+
+    from specjax.bench.plots import save
 
     rows = result["rows"]
     meshes = list(dict.fromkeys(r["mesh"] for r in rows))
@@ -167,16 +180,15 @@ def plot(result: dict, path, title: str):
     fig, ax = plt.subplots(figsize=(max(6, len(meshes) * 1.2), 4))
     width = 0.8 / max(len(labels), 1)
     for i, label in enumerate(labels):
-        values = {r["mesh"]: r.get("tokens_per_second_vs_first_mesh", np.nan) for r in rows if r["drafter"] == label}
+        mine = {r["mesh"]: r for r in rows if r["drafter"] == label}
+        values = [mine[m].get("tokens_per_second_vs_first_mesh", np.nan) if m in mine else np.nan for m in meshes]
+        errors = np.array([_relative_spread(mine[m]) if m in mine else (0.0, 0.0) for m in meshes]).T
         xs = np.arange(len(meshes)) + i * width
-        ax.bar(xs, [values.get(m, np.nan) for m in meshes], width, label="plain" if label == "none" else label)
+        ax.bar(xs, values, width, yerr=errors, capsize=2, label="plain" if label == "none" else label)
     ax.set_xticks(np.arange(len(meshes)) + width * (len(labels) - 1) / 2, meshes)
     ax.set_xlabel("mesh (data x model)")
     ax.set_ylabel(f"tokens/s relative to {meshes[0] if meshes else ''}")
     ax.set_title(title)
     ax.axhline(1.0, color="grey", lw=0.5)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, path, result)

@@ -9,6 +9,7 @@ neighbour slows all of them alike; medians are reported.
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import statistics
 import subprocess
@@ -92,9 +93,34 @@ def environment() -> dict:
 
 
 def _cpu_count() -> int:
-    import os
-
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def load_average() -> list[float] | None:
+    """The machine's 1, 5 and 15-minute load averages (None where the OS keeps none).
+
+    Above the CPU count, other processes were competing for the cores the timings ran on.
+    """
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def machine_load() -> dict:
+    """What results.json records of the machine's load (start and end; `end` is updated as a
+    run goes on) beside its CPU count (the load counts every process of the machine) and the
+    CPUs this process may use."""
+    now = load_average()
+    return {"start": now, "end": now, "cpu_count": os.cpu_count(), "cpus_available": _cpu_count()}
+
+
+def repeat_values(row: dict) -> list[float]:
+    """Tokens/s of each timed repetition of a measured row, from its `latency_seconds` [R][Q]:
+    every request's tokens over the time all requests took in that repetition (the row's
+    `tokens_per_second` is their median)."""
+    tokens = row["batch_size"] * row["max_new_tokens"] * row["requests"]
+    return [tokens / sum(seconds) for seconds in row["latency_seconds"]]
 
 
 @functools.partial(jax.jit, donate_argnums=0)

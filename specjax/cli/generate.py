@@ -55,7 +55,7 @@ def add_generate(subparsers) -> argparse.ArgumentParser:
         f"layer-skip:N; a trained head ({heads}, or a directory saved by save_drafter; it must match the target it "
         "was trained for); a model name like --draft; or a YAML mapping such as '{kind: prompt_lookup, max_ngram: "
         "2}' or '{kind: fallback, first: prompt-lookup, then: stdlib-draft}'. Every drafter works with chains and "
-        "--adaptive; --tree works with draft models, layer skip and Medusa heads",
+        "--adaptive; --tree works with draft models, layer skip, Medusa and EAGLE heads",
     )
     p.add_argument("--plain", action="store_true", help="plain decoding with the target only (the baseline)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=4, help="draft tokens per round (K)")
@@ -64,7 +64,7 @@ def add_generate(subparsers) -> argparse.ArgumentParser:
         default=None,
         help="verify a token tree instead of a chain of K: a preset (" + ", ".join(sorted(PRESETS)) + "), "
         "chain:K, full:BRANCHING:DEPTH, or Medusa-style paths as YAML, e.g. '[[0], [1], [0, 0]]'. Works with "
-        "draft models, layer skip and Medusa heads; not with prompt lookup, fallback or EAGLE",
+        "draft models, layer skip, Medusa and EAGLE heads; not with prompt lookup or fallback",
     )
     p.add_argument(
         "--adaptive",

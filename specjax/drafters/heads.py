@@ -97,7 +97,8 @@ def target_fingerprint(target: Model | ModelConfig) -> dict[str, str]:
 
     config_sha256 hashes the canonical JSON of its ModelConfig (`_canonical_config`);
     weights_sha256, present only for a Model, hashes all of its params (0.3 s for 135M
-    parameters on a CPU, 1 s the first time, which compiles the casts). save_drafter stores both; load_drafter compares them.
+    parameters on a CPU; 1 s the first time, which compiles the casts). save_drafter
+    stores both; load_drafter compares them.
     """
     if isinstance(target, Model):
         return {"config_sha256": _config_sha256(target.config), "weights_sha256": _weights_sha256(target.params)}
@@ -107,8 +108,10 @@ def target_fingerprint(target: Model | ModelConfig) -> dict[str, str]:
 
 
 def _eagle_head_dim(params: dict) -> int:
-    """The attention head size an EAGLE head's layer was built with (the target's): q_proj [D, H, d_head]."""
-    return int(np.shape(params["layers"]["0"]["attn"]["q_proj"])[-1])
+    """The attention head size an EAGLE head's layer was built with (the target's): q_proj [D, H, d_head].
+    Its one layer is keyed 0 in memory and "0" once loaded."""
+    (layer,) = params["layers"].values()
+    return int(np.shape(layer["attn"]["q_proj"])[-1])
 
 
 def _shape_mismatches(config: dict, params: dict, target: ModelConfig) -> list[tuple[str, str]]:
@@ -157,8 +160,9 @@ def _check_target(label: str, config: dict, params: dict, target: Model | ModelC
     if allow_transfer or "config_sha256" not in trained:  # heads saved before fingerprints: shapes only
         return
     opt_out = (
-        f"pass {_TRANSFER} to load_drafter (a drafter spec: {{kind: head, path: {label}, allow_transfer: true}}) "
-        "to use it on this target deliberately"
+        "the shapes fit, but the head learned another model's hidden states (expect low acceptance); pass "
+        f"{_TRANSFER} to load_drafter (a drafter spec: {{kind: head, path: {label}, allow_transfer: true}}) to "
+        "transfer it deliberately"
     )
     if _config_sha256(target_config) != trained["config_sha256"]:
         mine, theirs = trained.get("config", {}), _canonical_config(target_config)
@@ -166,8 +170,7 @@ def _check_target(label: str, config: dict, params: dict, target: Model | ModelC
         more = f" and {len(differ) - 6} more fields" if len(differ) > 6 else ""
         raise ValueError(
             f"head {label} was trained for {_described(trained)} ({_fields(mine, differ[:6])}{more}); the given "
-            f"target has {_fields(theirs, differ[:6])}{more}: its shapes fit, but it guesses what that model would "
-            f"say; {opt_out}"
+            f"target has {_fields(theirs, differ[:6])}{more}: {opt_out}"
         )
     if isinstance(target, Model) and trained.get("weights_sha256"):
         given = _weights_sha256(target.params)
@@ -175,7 +178,7 @@ def _check_target(label: str, config: dict, params: dict, target: Model | ModelC
             raise ValueError(
                 f"head {label} was trained for {_described(trained)} (weights sha256 "
                 f"{trained['weights_sha256'][:12]}); the given target has its config but other weights (sha256 "
-                f"{given[:12]}): it guesses what that model would say; {opt_out}"
+                f"{given[:12]}): {opt_out}"
             )
 
 
@@ -209,7 +212,8 @@ def save_drafter(
         target_config = target.config if isinstance(target, Model) else target
         mismatches = _shape_mismatches(config, drafter.params, target_config)
         if mismatches:
-            raise ValueError(f"this head does not fit the target it is saved for: {mismatches}")
+            head, given = (", ".join(side) for side in zip(*mismatches, strict=True))
+            raise ValueError(f"this head was built with {head}, but the target it is saved for has {given}")
         config["target"] = {
             "name": target_name,
             "hidden_size": target_config.hidden_size,
@@ -237,7 +241,7 @@ def load_drafter(path, target: Model | ModelConfig | None = None, allow_transfer
     deliberate transfer. Heads saved before fingerprints are checked on shapes only.
     """
     label = str(path)
-    path = (embedded_path(path) if isinstance(path, str) else None) or Path(path)
+    path = (embedded_path(path) if isinstance(path, str) else None) or Path(path).expanduser()
     if not is_head_directory(path):
         raise ValueError(f"{path} is not a specjax head directory (no {_CONFIG})")
     config = json.loads((path / _CONFIG).read_text())

@@ -122,7 +122,13 @@ def adaptive_round(target_params, draft_weights, state: SpecState, chain_round) 
 def adaptive_stats(stats, state: SpecState, num_rows: int | None):
     """GenerationStats with what the policy did (`.adaptive`) and the draft counters of rounds
     whose K varied: drafted_tokens counts what each round drafted, acceptance per position
-    divides by the rounds that drafted and reached it, and verify_width is K_MAX + 1."""
+    divides by the rounds that drafted and reached it, and verify_width is K_MAX + 1.
+
+    `.adaptive["costs"]`: where the round costs came from. source: "measured" (in this
+    process), "cache" (a file an earlier one wrote) or "given" (AdaptiveConfig.costs);
+    seconds: what getting them took this call, apart from generating; path: the cache file
+    (None: given); measured_at, measurement_seconds: when and how long the measurement that
+    made them took; per_k_ms: the costs by K, in milliseconds."""
     config = state.plan.adaptive
     ad = jax.device_get(state.adaptive)
     rounds = int(ad.round)
@@ -135,7 +141,7 @@ def adaptive_stats(stats, state: SpecState, num_rows: int | None):
         "ks": labels,
         "trees": None if not config.trees else [repr(t) for t in config.trees],
         "costs_seconds": [float(c) for c in ad.costs],
-        "costs": _COST_SOURCES.get((state.plan, np.asarray(ad.costs, np.float32).tobytes())),
+        "costs": dict(_COST_SOURCES.get((state.plan, np.asarray(ad.costs, np.float32).tobytes()), {})) or None,
         "rounds_per_k": {k: int(n) for k, n in zip(labels, ad.rounds_per_k, strict=True)},
         "plain_steps": int(ad.rounds_per_k[labels.index(0)]) if 0 in labels else 0,
         "chosen_k": [labels[c] for c in chosen],
@@ -184,7 +190,8 @@ def resolve_adaptive(adaptive, plan, target, drafter, batch, rule=None):
                 drafter.check(target.config, k)
     plan = dataclasses.replace(plan, adaptive=static)
     if config.costs is not None:
-        costs, info = config.costs, {"source": "given", "seconds": 0.0, "path": None}
+        costs, info = config.costs, dict(source="given", seconds=0.0, path=None, measured_at=None)
+        info["measurement_seconds"] = None
     else:
         costs, info = _measured_costs(config, static, plan, target, drafter, batch)
     vector = static.cost_vector(costs)

@@ -234,7 +234,8 @@ def train_head(config: HeadTrainConfig, out_dir: str | Path, progress: bool = Tr
         return {"completed_steps": end}
     rows = metrics.rows()
     final = next(r for r in reversed(rows) if "mean_acceptance_length_greedy" in r)
-    head_dir = save_drafter(as_head(params), out_dir / "head", target_name=config.target, target=target.config)
+    # The Model, not its config: its weights are fingerprinted so the head refuses another target.
+    head_dir = save_drafter(as_head(params), out_dir / "head", target_name=config.target, target=target)
     results = {
         "kind": config.kind,
         "steps": config.steps,

@@ -1,0 +1,84 @@
+"""Every code block of README.md and docs/*.md runs in the test suite (Sybil).
+
+- ```python blocks run in order, one namespace per document, so a block may use the names
+  an earlier one defined (as a reader would). They run in a temporary directory, so what
+  they write (a saved model, a head) never lands in the repository.
+- ```bash blocks: every `specjax ...` line is parsed by the real argument parser (and its
+  --config file must exist); `specjax generate` lines run, in-process, and must exit 0;
+  `python scripts/X.py ...` lines must name an existing script. Install lines (pip, venv,
+  pytest) are what .ci/run itself executes, so they are not repeated here.
+A block that would be too slow to run belongs in a script, not in the README.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+from sybil import Sybil
+from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser
+
+ROOT = Path(__file__).resolve().parent
+_NOT_REPEATED = ("pip", "python3", "python -m pytest", ".", "cd", "source", "git")
+
+
+def shell_commands(text: str) -> list[list[str]]:
+    """The commands of a bash block: comments dropped, backslash continuations joined."""
+    commands = []
+    for line in text.replace("\\\n", " ").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        for part in line.split("&&"):
+            words = shlex.split(part, comments=True)
+            if words:
+                commands.append(words)
+    return commands
+
+
+def _check_specjax(words: list[str]) -> None:
+    from specjax.cli import build_parser, main
+
+    args = build_parser().parse_args(words[1:])  # exits (SystemExit 2) on a bad option
+    config = getattr(args, "config", None)
+    assert config is None or (ROOT / config).is_file(), f"{' '.join(words)}: no config file {config}"
+    if words[1] == "generate":
+        cwd = os.getcwd()
+        os.chdir(ROOT)  # prompt files and paths in examples are relative to the repository
+        try:
+            assert main(words[1:]) == 0, f"{' '.join(words)} failed"
+        finally:
+            os.chdir(cwd)
+
+
+def evaluate_bash(example) -> None:
+    for words in shell_commands(example.parsed):
+        line = " ".join(words)
+        if words[0] == "specjax":
+            _check_specjax(words)
+        elif words[0] == "python" and len(words) > 1 and words[1].startswith("scripts/"):
+            assert (ROOT / words[1]).is_file(), f"{line}: no such script"
+        elif not line.startswith(_NOT_REPEATED):
+            raise AssertionError(f"a bash block runs {line!r}, which the README check does not know how to run")
+
+
+def _setup(namespace: dict) -> None:
+    import tempfile
+
+    namespace["_cwd"] = os.getcwd()
+    namespace["_tmp"] = tempfile.TemporaryDirectory()
+    os.chdir(namespace["_tmp"].name)
+
+
+def _teardown(namespace: dict) -> None:
+    os.chdir(namespace["_cwd"])
+    namespace["_tmp"].cleanup()
+
+
+pytest_collect_file = Sybil(
+    parsers=[PythonCodeBlockParser(), CodeBlockParser(language="bash", evaluator=evaluate_bash)],
+    patterns=["README.md", "docs/*.md"],
+    setup=_setup,
+    teardown=_teardown,
+).pytest()
