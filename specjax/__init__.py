@@ -25,6 +25,7 @@ from specjax.drafters import (
     Proposal,
     load_drafter,
     save_drafter,
+    target_fingerprint,
 )
 from specjax.engine.acceptance import AcceptanceRule, greedy_rule, rejection_sampling_rule
 from specjax.engine.adaptive_policy import AdaptiveConfig
@@ -41,8 +42,8 @@ from specjax.engine.speculative import (
 )
 from specjax.engine.state import SpecPlan, SpecState
 from specjax.io.hf import save_model
-from specjax.io.presets import load_model
 from specjax.io.model import Model, init_model, logits
+from specjax.io.presets import load_model
 from specjax.models import KVCache, ModelConfig, init_cache
 from specjax.parallel import make_mesh, shard_model
 from specjax.trees import Tree
@@ -95,5 +96,6 @@ __all__ = [
     "speculative_generate",
     "speculative_step",
     "state_output",
+    "target_fingerprint",
     "tune_tree",
 ]

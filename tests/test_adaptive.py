@@ -287,6 +287,15 @@ def test_second_adaptive_call_compiles_nothing(target, noisy_draft, compiles):  
     out = specjax.speculative_generate(target, noisy_draft, RAGGED_PROMPTS, 4, max_new_tokens=12, adaptive=other_costs)
     assert len(_generation_compiles(compiles)) == first  # costs are arrays, not part of the program
     assert out.stats.adaptive["costs_seconds"] == [1.0, 3.0, 3.5, 4.0]
+    # How costs are got is no part of the program either; given costs are never measured or cached.
+    quiet = dataclasses.replace(other_costs, progress=False, remeasure=True)
+    out = specjax.speculative_generate(target, noisy_draft, RAGGED_PROMPTS, 4, max_new_tokens=12, adaptive=quiet)
+    assert len(_generation_compiles(compiles)) == first
+    assert out.stats.adaptive["costs"] == dict(
+        source="given", seconds=0.0, path=None, measured_at=None, measurement_seconds=None,
+        per_k_ms={0: 1000.0, 1: 3000.0, 2: 3500.0, 4: 4000.0},
+    )  # fmt: skip
+    assert not (Path(os.environ["SPECJAX_CACHE_DIR"]) / "round_costs").exists()
 
 
 # A second process: the same models (the fixtures' seeds) and prompts, the costs from the

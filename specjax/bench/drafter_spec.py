@@ -23,7 +23,11 @@ from specjax.io.model import Model
 from specjax.models import ModelConfig
 
 # Kinds make_drafter builds itself rather than from KINDS: (allowed keys, required keys).
-_COMPOSED = {"draft_model": ({"model"}, {"model"}), "fallback": ({"first", "then"}, {"first", "then"})}
+_COMPOSED = {
+    "draft_model": ({"model"}, {"model"}),
+    "fallback": ({"first", "then"}, {"first", "then"}),
+    "head": ({"path", "allow_transfer"}, {"path"}),
+}
 
 
 class Raw:
@@ -46,6 +50,8 @@ class DrafterSpec:
     model: str | ModelConfig | None = None  # draft_model
     first: DrafterSpec | str | None = None  # fallback
     then: DrafterSpec | str | None = None  # fallback
+    path: str | None = None  # head: an embedded head's name or a head directory
+    allow_transfer: bool | None = None  # head: load it for a target it was not trained for
 
     def __post_init__(self):
         kind = self.kind.replace("-", "_")

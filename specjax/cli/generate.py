@@ -133,12 +133,10 @@ def build_drafter(args, target):
     def load(name: str):
         return resolve_model(name, seed=args.seed + 1)
 
-    if args.drafter is None:
-        return make_drafter(args.draft, load, target.config)
-    spec = args.drafter
+    spec = args.draft if args.drafter is None else args.drafter
     if spec.lstrip().startswith("{"):
         spec = parse_yaml(spec, "--drafter")
-    return make_drafter(spec, load, target.config)
+    return make_drafter(spec, load, target)  # the Model: a head checks the target's weights too
 
 
 def settings(args, draft, tree) -> dict:
