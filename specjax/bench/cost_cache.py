@@ -141,7 +141,7 @@ def cached_costs(key: dict, labels, measure: Callable[[], dict], remeasure: bool
         record = {
             "key": key,
             "costs_seconds": {str(label): costs[label] for label in labels},
-            "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "measurement_seconds": time.perf_counter() - start,
             "costs": costs,
         }
