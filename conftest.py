@@ -69,10 +69,17 @@ def _setup(namespace: dict) -> None:
     namespace["_cwd"] = os.getcwd()
     namespace["_tmp"] = tempfile.TemporaryDirectory()
     os.chdir(namespace["_tmp"].name)
+    # Measured round costs (adaptive) go to a fresh cache, never the user's ~/.cache/specjax.
+    namespace["_cache_dir"] = os.environ.get("SPECJAX_CACHE_DIR")
+    os.environ["SPECJAX_CACHE_DIR"] = namespace["_tmp"].name
 
 
 def _teardown(namespace: dict) -> None:
     os.chdir(namespace["_cwd"])
+    if namespace["_cache_dir"] is None:
+        os.environ.pop("SPECJAX_CACHE_DIR", None)
+    else:
+        os.environ["SPECJAX_CACHE_DIR"] = namespace["_cache_dir"]
     namespace["_tmp"].cleanup()
 
 

@@ -14,12 +14,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import RAGGED_PROMPTS, TARGET_CONFIG, scaled_model
 from test_compile import _generation_compiles, compiles  # noqa: F401 (a fixture)
 from test_drafters import PROMPTS, SAMPLE_PROMPT, VOCAB8, two_sample_p_value
 from test_heads import random_eagle, random_heads
 
 import specjax
-from conftest import RAGGED_PROMPTS, TARGET_CONFIG, scaled_model
 from specjax.drafters import DraftContext
 from specjax.drafters.draft_model import resync
 from specjax.engine.acceptance import always_accept_rule
@@ -82,6 +82,13 @@ def test_adaptive_greedy_equals_plain_greedy(target, noisy_draft, small_draft, p
     s, policy_stats = out.stats, out.stats.adaptive
     assert sum(policy_stats["rounds_per_k"].values()) == len(policy_stats["chosen_k"]) == s.target_forwards
     assert s.drafted_tokens <= 4 * s.rounds
+    # Per-position rates divide by the rounds that drafted and reached the position (the CLI prints both counts).
+    assert s.accepted_per_position == pytest.approx(
+        [c / n if n else 0.0 for c, n in zip(s.accepted_counts, s.position_rounds, strict=True)]
+    )
+    assert (
+        s.emitted_tokens == s.rounds + s.accepted_tokens and s.generated_tokens == s.emitted_tokens - s.truncated_tokens
+    )
     if config == "switching":
         assert set(policy_stats["chosen_k"]) == {0, 1, 2}  # the first round, plain steps and probes
         assert policy_stats["plain_steps"] > 0

@@ -235,14 +235,12 @@ def generate_command(args) -> int:
 
 
 def _adaptive(args):
-    """False, or the AdaptiveConfig the flags ask for."""
+    """False, or the AdaptiveConfig the flags ask for (the cost measurement shows a progress bar)."""
     if not args.adaptive or args.plain:
         return False
     from specjax.engine.adaptive_policy import AdaptiveConfig
 
-    names = {f.name for f in __import__("dataclasses").fields(AdaptiveConfig)}
-    options = {k: v for k, v in (("remeasure", args.remeasure_costs), ("progress", True)) if k in names}
-    return AdaptiveConfig(**options) if options else True
+    return AdaptiveConfig(remeasure=args.remeasure_costs, progress=True)
 
 
 def _measuring_seconds(stats) -> float:

@@ -7,6 +7,7 @@ writes into --out; the training commands resume from the newest checkpoint when 
 from __future__ import annotations
 
 import json
+import os
 
 from specjax.cli.generate import HelpFormatter
 
@@ -17,6 +18,14 @@ def _add_run_arguments(p, config_help: str, out_help: str) -> None:
     p.add_argument("--out", required=True, help=out_help)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _quiet(args) -> bool:
+    """--no-progress: also silences bars drawn below the command (round-cost measurement), via
+    tqdm's own environment switch."""
+    if args.no_progress:
+        os.environ["TQDM_DISABLE"] = "1"
+    return not args.no_progress
 
 
 _RESUMABLE_OUT = "run directory (rerun with the same one to resume)"
@@ -42,7 +51,7 @@ def _train(args) -> int:
 
     config = load_config(TrainConfig, args.config, args.set)
     print(f"training {config.model.num_parameters:,} parameters for {config.steps} steps into {args.out}")
-    model = train(config, args.out, progress=not args.no_progress)
+    model = train(config, args.out, progress=_quiet(args))
     print("validation bits/byte:", json.dumps(evaluate(model)))
     if args.export:
         from specjax.io.hf import save_model
@@ -75,7 +84,7 @@ def _distill(args) -> int:
 
     if is_comparison(args.config):
         config = load_config(CompareConfig, args.config, args.set)
-        rows = compare(config, args.out, progress=not args.no_progress)
+        rows = compare(config, args.out, progress=_quiet(args))
         for row in rows:
             print(
                 f"{row['variant']:<24} acceptance length {row['mean_acceptance_length_before']:.2f} -> "
@@ -85,7 +94,7 @@ def _distill(args) -> int:
         print(f"wrote {args.out}/results.json, results.csv, acceptance.png")
         return 0
     config = load_config(DistillConfig, args.config, args.set)
-    results = distill(config, args.out, progress=not args.no_progress)
+    results = distill(config, args.out, progress=_quiet(args))
     print(json.dumps(results, indent=2))
     return 0
 
@@ -116,7 +125,7 @@ def _train_head(args) -> int:
     from specjax.training.heads import HeadTrainConfig, train_head
 
     config = load_config(HeadTrainConfig, args.config, args.set)
-    results = train_head(config, args.out, progress=not args.no_progress)
+    results = train_head(config, args.out, progress=_quiet(args))
     print(json.dumps(results, indent=2))
     return 0
 
@@ -148,7 +157,7 @@ def _bench(args) -> int:
     from specjax.configs import load_config
 
     config = load_config(BenchConfig, args.config, args.set)
-    results = run_bench(config, args.out, progress=not args.no_progress)
+    results = run_bench(config, args.out, progress=_quiet(args))
     for name, experiment in results["experiments"].items():
         summary = ", ".join(
             f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"

@@ -133,7 +133,8 @@ class Drafter(abc.ABC):
         """Raise ValueError if this drafter cannot expand `tree` for `target_config`."""
         if not self.supports_trees:
             raise ValueError(
-                f"drafter {self.name!r} cannot expand a token tree; trees work with DraftModel, LayerSkip, Medusa and Eagle"
+                f"drafter {self.name!r} cannot expand a token tree; "
+                "trees work with DraftModel, LayerSkip, Medusa and Eagle"
             )
         self.check(target_config, tree.num_nodes)
 

@@ -152,6 +152,7 @@ def adaptive_stats(stats, state: SpecState, num_rows: int | None):
         drafted_tokens=drafted,
         acceptance_rate=stats.accepted_tokens / drafted if drafted else 0.0,
         accepted_per_position=per_position,
+        position_rounds=[int(t) for t in tried],
         adaptive=policy,
     )
 
