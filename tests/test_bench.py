@@ -12,7 +12,7 @@ import pytest
 from conftest import TARGET_CONFIG, noisy_copy, scaled_model
 
 import specjax
-from specjax.bench import EXPERIMENTS, BenchConfig, run_bench
+from specjax.bench import EXPERIMENTS, BenchConfig, plots, run_bench
 from specjax.bench.compiles import compiled_programs
 from specjax.bench.cost import (
     batch_tokens_per_round,
@@ -22,7 +22,7 @@ from specjax.bench.cost import (
     kv_cache_bytes,
     matmul_parameters,
 )
-from specjax.bench.report import ROW_FIELDS
+from specjax.bench.report import PREDICTION_TOLERANCE, ROW_FIELDS, prediction_flag, prediction_flags
 from specjax.cli import main
 from specjax.configs import from_dict
 from specjax.io.tokenizer import ByteTokenizer
@@ -147,6 +147,100 @@ def test_bench_writes_results_plots_and_tables(bench):
     counts = {name: e["compiled_programs"] for name, e in results["experiments"].items()}
     assert all(counts[name] > 0 for name in ("verify_cost", "k_sweep", "context_sweep"))
     assert results["compiled_programs"] == sum(counts.values())
+
+
+def test_bench_records_the_machine_load_and_each_figures_setting(bench):
+    out = bench[1]
+    saved = json.loads((out / "results.json").read_text())
+    load = saved["load_average"]
+    assert len(load["start"]) == len(load["end"]) == 3 and load["cpu_count"] >= load["cpus_available"] >= 1
+    assert all(len(e["load_average"]["end"]) == 3 for e in saved["experiments"].values())
+    assert load["end"] == saved["experiments"][TINY_EXPERIMENTS[-1]]["load_average"]["end"]
+    summary = (out / "summary.md").read_text()
+    assert "- load average (1/5/15 min): " in summary
+    settings = {name: e["setting"] for name, e in saved["experiments"].items()}
+    assert settings["k_sweep"]["text"].startswith("batch 1; temperature 0; 2 prompts, 12 new tokens each;")
+    assert (settings["k_sweep"]["batch_size"], settings["k_sweep"]["prompts"], settings["k_sweep"]["repeats"]) == (
+        1,
+        2,
+        2,
+    )
+    assert settings["batch_sweep"]["batch_size"] == [1, 4] and "batch swept: 1, 4" in settings["batch_sweep"]["text"]
+    assert "temperature swept: 0, 1" in settings["tokens_per_round"]["text"]
+    assert all(f"- setting: {s['text']}" in summary for s in settings.values())
+
+
+def test_timed_rows_keep_every_repeat(bench):
+    for row in bench[0]["rows"]:
+        repeats = row["tokens_per_second_repeats"]
+        assert len(repeats) == TINY_BENCH["timing"]["repeats"]
+        assert np.median(repeats) == pytest.approx(row["tokens_per_second"])
+        assert np.median(row["speedup_vs_plain_repeats"]) == pytest.approx(row["speedup_vs_plain"])
+
+
+def test_summary_flags_exactly_the_speedups_far_from_their_prediction(bench):
+    assert prediction_flag(1.10, 1.62) == "⚠ measured 1.10x vs predicted 1.62x (-32%)"
+    assert prediction_flag(2.0, 1.5) == "⚠ measured 2.00x vs predicted 1.50x (+33%)"
+    assert prediction_flag(1.24, 1.0) is None and prediction_flag(0.76, 1.0) is None
+    assert prediction_flag(1.26, 1.0) is not None and prediction_flag(0.74, 1.0) is not None
+    rows = [
+        {"method": "plain", "num_speculative_tokens": 0, "batch_size": 1, "speedup_vs_plain": 1.0},
+        {"num_speculative_tokens": 2, "batch_size": 1, "speedup_vs_plain": 1.5, "predicted_speedup": 1.6},
+        {"num_speculative_tokens": 4, "batch_size": 1, "speedup_vs_plain": 1.1, "predicted_speedup": 1.62},
+    ]
+    assert prediction_flags(rows) == ["- ⚠ measured 1.10x vs predicted 1.62x (-32%): K=4, batch 1"]
+    # The tiny run's summary.md: a flag for every E3/E4 row beyond the tolerance, and no other.
+    summary = (bench[1] / "summary.md").read_text()
+    for name in ("k_sweep", "batch_sweep"):
+        for row in _experiment(bench, name)["rows"]:
+            if "predicted_speedup" in row:
+                gap = row["speedup_vs_plain"] / row["predicted_speedup"] - 1
+                line = f"- ⚠ measured {row['speedup_vs_plain']:.2f}x vs predicted {row['predicted_speedup']:.2f}x"
+                assert (line in summary) == (abs(gap) > PREDICTION_TOLERANCE)
+
+
+def _figure(monkeypatch, plot, result):
+    """The figure a plot function draws, kept instead of saved."""
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path, result=None: figures.append(fig) or path)
+    plot(result, "unused.png", "test")
+    return figures[0]
+
+
+def test_e6_histogram_is_bars(monkeypatch):
+    rows = [
+        {"num_speculative_tokens": k, "rounds": 10, "rounds_accepting": histogram, "accepted_per_round": 1.0}
+        | {"correction_per_round": 0.5, "bonus_per_round": 0.5, "wasted_per_round": 1.0}
+        for k, histogram in ((1, [4, 6]), (3, [2, 3, 1, 4]))
+    ]
+    assert plots.acceptance_histogram(rows) == {"K=1": [0.4, 0.6], "K=3": [0.2, 0.3, 0.1, 0.4]}
+    histogram = _figure(monkeypatch, plots.waste, {"rows": rows}).axes[1]
+    assert not histogram.lines
+    heights = sorted(round(p.get_height(), 6) for p in histogram.patches)
+    assert heights == sorted([0.4, 0.6, 0.2, 0.3, 0.1, 0.4])
+
+
+def test_optimum_markers_sit_on_the_measured_and_predicted_best(monkeypatch):
+    def row(k, measured, predicted, **extra):
+        return {"method": "speculative", "category": "all", "num_speculative_tokens": k}, {
+            "speedup_vs_plain": measured,
+            "speedup_vs_plain_repeats": [measured - 0.1, measured, measured + 0.05],
+            "predicted_speedup": predicted,
+            **extra,
+        }
+
+    rows = [a | b for a, b in (row(1, 1.3, 1.2), row(2, 1.7, 1.5), row(4, 1.5, 1.9), row(4, 1.8, 1.9, adaptive=True))]
+    rows.append(rows[1] | {"category": "code", "speedup_vs_plain": 2.5})  # one category: not the pooled sweep
+    plain = {"method": "plain", "category": "all", "num_speculative_tokens": 0, "speedup_vs_plain": 1.0}
+    static = [r for r in plots.pooled(rows) if not r.get("adaptive")]
+    assert plots.optimum(static, "num_speculative_tokens") == (2, 1.7)
+    assert plots.optimum(static, "num_speculative_tokens", "predicted_speedup") == (4, 1.9)
+    assert plots.spread(static[:1], "speedup_vs_plain") == [[pytest.approx(0.1)], [pytest.approx(0.05)]]
+    ax = _figure(monkeypatch, plots.k_sweep, {"rows": [plain, *rows]}).axes[0]
+    marks = {line.get_label().split(":")[0]: (line.get_xdata()[0], line.get_ydata()[0]) for line in ax.lines}
+    assert marks["measured optimum"] == (2, 1.7)  # not the adaptive twin's 1.8 at K=4
+    assert marks["predicted optimum"] == (4, 1.9)
+    assert list(next(line for line in ax.lines if line.get_label() == "measured").get_xdata()) == [1, 2, 4]
 
 
 def test_compiled_programs_counts_compiles_not_cache_hits():

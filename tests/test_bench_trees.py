@@ -102,6 +102,7 @@ def test_e9_rows_verify_the_tree_they_name(bench):
         assert row["drafted_tokens"] == n * row["rounds"]
         assert row["target_forwards_per_token"] > 0 and row["tokens_per_second"] > 0
         assert row["speedup_vs_plain"] > 0
+        assert np.median(row["speedup_vs_plain_repeats"]) == pytest.approx(row["speedup_vs_plain"])
         assert 1.0 <= row["predicted_tokens_per_round"] <= row["tree_depth"] + 1
         if row["tree"] == "binary-3":
             assert row["tree_depth"] == 3 and not row["tree_is_chain"]

@@ -177,7 +177,7 @@ def _scenario_rows(result: dict, comparison: dict) -> list[dict | None]:
     plain = next((r for r in rows if r["method"] == "plain"), None)
     static = {r["num_speculative_tokens"]: r for r in rows if r["method"] == "speculative" and not r.get("adaptive")}
     adaptive = next((r for r in rows if r.get("adaptive")), None)
-    return [plain, *(static.get(k) for k in comparison["static_speedups"]), adaptive]
+    return [plain, *(static.get(int(k)) for k in comparison["static_speedups"]), adaptive]
 
 
 def _bar_errors(rows: list[dict | None], values: list[float]):

@@ -10,6 +10,8 @@ the prompts have several; plots and summaries use the pooled rows.
 
 from __future__ import annotations
 
+import re
+
 from specjax.bench.adaptive import adaptive_sweep
 from specjax.bench.context import BenchContext
 from specjax.bench.cost import (
@@ -326,11 +328,11 @@ def _listed(values) -> str:
     return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
 
 
-def _one_or_swept(name: str, values) -> tuple[object, str]:
+def _one_or_swept(name: str, values, sep: str = " ") -> tuple[object, str]:
     """(value or list, text): "temperature 0" for one value, "temperature swept: 0, 1" for several."""
     values = list(dict.fromkeys(values))
     if len(values) == 1:
-        return values[0], f"{name} {_listed(values)}"
+        return values[0], f"{name}{sep}{_listed(values)}"
     return values, f"{name} swept: {_listed(values)}"
 
 
@@ -339,19 +341,19 @@ def setting(name: str, ctx: BenchContext) -> dict:
     (a list where the experiment sweeps it), the timed repeats, and the same as one line of
     text that every plot and summary.md show."""
     c = ctx.config
-    prompts = len(ctx.workload.prompts)
+    prompts, new_tokens = len(ctx.workload.prompts), c.max_new_tokens
     repeats = c.timing.repeats
     timed = f"medians of {repeats} timed repeats (error bars: min-max)"
     costs = f"cost timings: medians of {repeats} repeats of {c.timing.cost_inner} iterations"
     counted = "acceptance counted, not timed"
     one_batch = "each prompt category in one batch"
-    out: dict = {"prompts": prompts, "max_new_tokens": c.max_new_tokens, "repeats": repeats}
+    out: dict = {"prompts": prompts, "repeats": repeats}
     extra: list[str] = []
     if name in ("tokens_per_round", "sampling"):
         cfg = getattr(c, name)
         batch, batch_text = None, one_batch
         temperature, temperature_text = _one_or_swept("temperature", cfg.temperatures)
-        extra = [counted, "K swept"]
+        extra = [counted, _one_or_swept("K", cfg.ks, "=")[1]]
         if name == "sampling":
             extra.append(
                 f"distribution test: 1 prompt, {cfg.test_samples} samples at temperature {cfg.test_temperature:g}, "
@@ -361,18 +363,19 @@ def setting(name: str, ctx: BenchContext) -> dict:
     elif name == "waste":
         batch, batch_text = None, one_batch
         temperature, temperature_text = _one_or_swept("temperature", [c.waste.temperature])
-        extra, out["repeats"] = [counted, "K swept"], None
+        extra, out["repeats"] = [counted, _one_or_swept("K", c.waste.ks, "=")[1]], None
     elif name == "verify_cost":
         cfg = c.verify_cost
         batch, batch_text = _one_or_swept("batch", cfg.batch_sizes)
-        temperature, temperature_text = None, "no sampling (forwards alone)"
+        temperature, temperature_text = None, "no sampling"
         prompts, out["prompts"] = None, None
-        extra = [f"cache of {cfg.context} slots", costs, "width swept"]
+        extra = [f"no prompts: forwards alone on a cache of {cfg.context} slots", costs]
+        extra.append(_one_or_swept("width", cfg.widths, "=")[1])
     elif name == "k_sweep":
         cfg = c.k_sweep
         batch, batch_text = _one_or_swept("batch", [cfg.batch_size])
         temperature, temperature_text = _one_or_swept("temperature", [cfg.temperature])
-        extra = [timed, "K swept"]
+        extra = [timed, _one_or_swept("K", cfg.ks, "=")[1]]
     elif name == "batch_sweep":
         cfg = c.batch_sweep
         batch, batch_text = _one_or_swept("batch", cfg.batch_sizes)
@@ -382,7 +385,7 @@ def setting(name: str, ctx: BenchContext) -> dict:
         cfg = c.context_sweep
         batch, batch_text = _one_or_swept("batch", [cfg.batch_size])
         temperature, temperature_text = _one_or_swept("temperature", [0.0])
-        extra = [f"K={cfg.num_speculative_tokens}", costs, "context swept"]
+        extra = [f"K={cfg.num_speculative_tokens}", costs, _one_or_swept("context", cfg.contexts, "=")[1]]
     elif name in ("methods", "trees"):
         cfg = getattr(c, name)
         batch, batch_text = _one_or_swept("batch", [cfg.batch_size])
@@ -392,7 +395,9 @@ def setting(name: str, ctx: BenchContext) -> dict:
         cfg = c.scaling
         batch, batch_text = _one_or_swept("batch", [cfg.batch_size])
         temperature, temperature_text = _one_or_swept("temperature", [0.0])
-        extra = [f"K={cfg.num_speculative_tokens}", timed, "mesh swept"]
+        new_tokens = cfg.max_new_tokens or new_tokens
+        meshes = [re.sub(r"^data=(\d+),\s*model=(\d+)$", r"\1x\2", str(m)) for m in cfg.meshes]  # data x model
+        extra = [f"K={cfg.num_speculative_tokens}", timed, _one_or_swept("mesh", meshes)[1]]
     elif name == "adaptive_sweep":
         cfg = c.adaptive_sweep
         batch, batch_text = _one_or_swept("batch", cfg.batch_sizes)
@@ -405,8 +410,9 @@ def setting(name: str, ctx: BenchContext) -> dict:
         raise ValueError(f"no setting for experiment {name!r}")
     parts = [batch_text, temperature_text]
     if prompts is not None:
-        parts.append(f"{prompts} prompts, {c.max_new_tokens} new tokens each")
-    out.update(batch_size=batch, temperature=temperature, text="; ".join([*parts, *extra]))
+        parts.append(f"{prompts} prompts, {new_tokens} new tokens each")
+    out.update(batch_size=batch, temperature=temperature, max_new_tokens=new_tokens)
+    out["text"] = "; ".join([*parts, *extra])
     return out
 
 

@@ -40,7 +40,7 @@ def _save(fig, path: Path, result: dict | None = None) -> Path:
         chars = int(fig.get_figwidth() * 72 / (0.55 * _SETTING_FONT))  # characters that fit a line
         lines = textwrap.wrap(text, chars, break_on_hyphens=False)
         fig.text(0.5, 0.012, "\n".join(lines), ha="center", va="bottom", fontsize=_SETTING_FONT, color="0.25")
-        bottom = (0.08 + 0.16 * len(lines)) / fig.get_figheight()
+        bottom = (0.06 + 0.14 * len(lines)) / fig.get_figheight()
         fig.tight_layout(rect=(0, bottom, 1, 1))
     else:
         fig.tight_layout()
@@ -63,11 +63,14 @@ def spread(rows: list[dict], key: str, scale: float = 1.0) -> list[list[float]] 
 
 
 def _measured(ax, x, rows: list[dict], key: str, fmt: str, scale: float = 1.0, **kwargs):
-    """Measured medians as a line or markers, with min-max error bars where the rows have repeats."""
+    """Measured medians as a line or markers, with min-max error bars where the rows have repeats
+    (drawn apart, unlabelled, so the legend keeps the order the lines were drawn in)."""
+    y = [scale * r[key] for r in rows]
+    (line,) = ax.plot(x, y, fmt, **kwargs)
     yerr = spread(rows, key, scale)
-    return ax.errorbar(
-        x, [scale * r[key] for r in rows], yerr=yerr, fmt=fmt, capsize=3 if yerr else 0, elinewidth=0.9, **kwargs
-    )
+    if yerr is not None:
+        ax.errorbar(x, y, yerr=yerr, fmt="none", ecolor=line.get_color(), capsize=3, elinewidth=0.9, zorder=line.zorder)
+    return line
 
 
 def _plain_band(ax, rows: list[dict]) -> None:
@@ -293,7 +296,7 @@ def sampling(result: dict, path: Path, title: str) -> Path:
         ks = [r["num_speculative_tokens"] for r in rows]
         ax.plot(ks, [r["mean_acceptance_length"] for r in rows], "o-", color=f"C{i}", label=f"T={temperature}")
     ax.set(xlabel="K", ylabel="mean acceptance length (tokens/round)", title=title)
-    _integer_x(ax)
+    ax.set_xticks(sorted({r["num_speculative_tokens"] for r in result["rows"]}))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     tests = result["distribution_test"]

@@ -280,7 +280,9 @@ def _load_line(load: dict) -> list[str]:
     lines = [f"- load average (1/5/15 min): {text(load['start'])} at start, {text(load['end'])} at end, {cpus} CPUs"]
     busiest = max((values[0] for values in (load["start"], load["end"]) if values), default=None)
     if busiest is not None and cpus and busiest > cpus:
-        lines.append(f"- ⚠ load average {busiest:.2f} above the {cpus} CPUs: other work shared the cores, timings are noisy")
+        lines.append(
+            f"- ⚠ load average {busiest:.2f} above the {cpus} CPUs: other work shared the cores, timings are noisy"
+        )
     return lines
 
 
