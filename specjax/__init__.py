@@ -13,6 +13,8 @@ The tree shows the architecture:
 """
 
 from specjax import distributed  # specjax.distributed.initialize(...): multi-host runs
+from specjax.api import build_drafter, generate, init_state, prepare, state_output, step
+from specjax.config import GenerationConfig, SpeculativeConfig
 from specjax.drafters import (
     DraftContext,
     Drafter,
@@ -24,26 +26,26 @@ from specjax.drafters import (
     PromptLookup,
     Proposal,
     load_drafter,
+    make_drafter,
     save_drafter,
     target_fingerprint,
 )
 from specjax.engine.acceptance import AcceptanceRule, greedy_rule, rejection_sampling_rule
 from specjax.engine.adaptive_policy import AdaptiveConfig
-from specjax.engine.decode import DecodeState, generate, prepare_generate
 from specjax.engine.loop import CacheConfig
 from specjax.engine.output import GenerationOutput, GenerationStats, PreparedGeneration
 from specjax.engine.sampling import SamplingConfig, probabilities
-from specjax.engine.speculative import (
-    init_speculative_state,
-    prepare_speculative_generate,
-    speculative_generate,
-    speculative_step,
-    state_output,
-)
-from specjax.engine.state import SpecPlan, SpecState
+from specjax.engine.state import DecodeState, LoopState, Plan, SpecPlan, SpecState
 from specjax.io.hf import save_model
 from specjax.io.model import Model, init_model, logits
 from specjax.io.presets import load_model
+from specjax.legacy import (
+    init_speculative_state,
+    prepare_generate,
+    prepare_speculative_generate,
+    speculative_generate,
+    speculative_step,
+)
 from specjax.models import KVCache, ModelConfig, init_cache
 from specjax.parallel import make_mesh, shard_model
 from specjax.trees import Tree
@@ -61,31 +63,39 @@ __all__ = [
     "Drafter",
     "Eagle",
     "Fallback",
+    "GenerationConfig",
     "GenerationOutput",
     "GenerationStats",
     "KVCache",
     "LayerSkip",
+    "LoopState",
     "Medusa",
     "Model",
     "ModelConfig",
+    "Plan",
     "PreparedGeneration",
     "PromptLookup",
     "Proposal",
     "SamplingConfig",
     "SpecPlan",
     "SpecState",
+    "SpeculativeConfig",
     "Tree",
+    "build_drafter",
     "distributed",
     "generate",
     "greedy_rule",
     "init_cache",
     "init_model",
     "init_speculative_state",
+    "init_state",
     "load_drafter",
     "load_model",
     "logits",
+    "make_drafter",
     "make_mesh",
     "measure_acceptance",
+    "prepare",
     "prepare_generate",
     "prepare_speculative_generate",
     "probabilities",
@@ -96,6 +106,7 @@ __all__ = [
     "speculative_generate",
     "speculative_step",
     "state_output",
+    "step",
     "target_fingerprint",
     "tune_tree",
 ]

@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from specjax.api import generate
 from specjax.bench.adaptive_predict import predict
 from specjax.bench.context import BenchContext
 from specjax.bench.measure import DRAFT, RunSpec, Workload, pooled
 from specjax.bench.prompts import load_prompts
 from specjax.bench.round_costs import measure_round_costs
+from specjax.config import GenerationConfig, SpeculativeConfig
 from specjax.drafters import DraftModel
 from specjax.engine.adaptive_policy import AdaptiveConfig, default_ks
-from specjax.engine.speculative import prepare_speculative_generate
 from specjax.io.model import init_model
 
 AIMS = {"random": 0.95, "pair": 0.97, "batch": 0.95}
@@ -116,10 +117,9 @@ def adaptive_sweep(ctx: BenchContext) -> dict:
         found = _label(ctx.measure(specs, "E11 shifting acceptance", workload), "shift")
         rows += found
         comparisons.append(_compare(found, "shift", 1))
-        first = prepare_speculative_generate(
-            ctx.target, drafter, prompts.tokens[:1], k_max, ctx.config.max_new_tokens, t, seed=ctx.config.seed,
-            adaptive=True,
-        ).run()  # fmt: skip
+        config = GenerationConfig.at_temperature(t, max_new_tokens=ctx.config.max_new_tokens, seed=ctx.config.seed)
+        speculative = SpeculativeConfig(num_speculative_tokens=k_max, adaptive=True)
+        first = generate(ctx.target, prompts.tokens[:1], config, draft=drafter, speculative=speculative)
         trajectory = {
             "chosen_k": first.stats.adaptive["chosen_k"],
             "estimate_position_1": first.stats.adaptive["estimate_position_1"],

@@ -13,9 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats as scipy_stats
 
+from specjax.api import generate
+from specjax.config import GenerationConfig, SpeculativeConfig
 from specjax.engine.acceptance import always_accept_rule
 from specjax.engine.sampling import SamplingConfig, probabilities
-from specjax.engine.speculative import speculative_generate
 from specjax.io.model import Model, logits
 
 
@@ -59,16 +60,9 @@ def distribution_test(
     p1, p2 = exact_first_two(target, prompt, sampling)
     rows = []
     for name, rule in (("rejection_sampling", None), ("always_accept (negative control)", always_accept_rule)):
-        out = speculative_generate(
-            target,
-            draft,
-            [prompt] * samples,
-            num_speculative_tokens=k,
-            max_new_tokens=2,
-            temperature=temperature,
-            seed=seed,
-            rule=rule,
-        )
+        config = GenerationConfig.at_temperature(temperature, max_new_tokens=2, seed=seed)
+        speculative = SpeculativeConfig(num_speculative_tokens=k, rule=rule)
+        out = generate(target, [prompt] * samples, config, draft=draft, speculative=speculative)
         tokens = np.asarray(out.tokens)  # [samples, 2]
         rows.append(
             {

@@ -19,15 +19,11 @@ import jax.numpy as jnp
 
 from specjax.drafters import Drafter, DraftModel, as_drafter
 from specjax.engine.acceptance import default_rule
-from specjax.engine.decode import DecodeState, decode_step
-from specjax.engine.decode import init_state as decode_init
-from specjax.engine.loop import DEFAULT_CACHE, CacheConfig
+from specjax.engine.generation import init_state, loop_round
+from specjax.engine.loop import DEFAULT_CACHE, CacheConfig, eos_ids
 from specjax.engine.sampling import SamplingConfig
-from specjax.engine.speculative import init_state as spec_init
-from specjax.engine.speculative import speculative_round
-from specjax.engine.state import SpecPlan, SpecState, draft_context
+from specjax.engine.state import LoopState, Plan, draft_context
 from specjax.io.model import Model
-from specjax.models import ModelConfig
 from specjax.trees.acceptance import default_tree_rule
 from specjax.trees.tree import Tree
 
@@ -40,25 +36,19 @@ def draft_model_of(draft: Model | Drafter) -> Model | None:
     return drafter.model if isinstance(drafter, DraftModel) else None
 
 
-@functools.partial(jax.jit, static_argnames=("config", "sampling", "inner"), donate_argnums=1)
-def _decode_steps(params, state: DecodeState, config: ModelConfig, sampling: SamplingConfig, inner: int):
+@functools.partial(jax.jit, static_argnames=("inner",), donate_argnums=2)
+def _rounds(target_params, draft_weights, state: LoopState, inner: int):
+    """`inner` loop iterations (plain steps when the plan has no drafter, else rounds)."""
+
     def body_fn(_, s):
-        # Rewind after each step: the same slots are rewritten, so any number of steps fits the cache.
-        return decode_step(config, sampling, params, s).replace(lengths=state.lengths, done=state.done)
+        # Rewind after each round: the same slots are rewritten, so any number of rounds fits the cache.
+        return loop_round(target_params, draft_weights, s).replace(lengths=state.lengths, done=state.done)
 
     return jax.lax.fori_loop(0, inner, body_fn, state)
 
 
 @functools.partial(jax.jit, static_argnames=("inner",), donate_argnums=2)
-def _rounds(target_params, draft_weights, state: SpecState, inner: int):
-    def body_fn(_, s):
-        return speculative_round(target_params, draft_weights, s).replace(lengths=state.lengths, done=state.done)
-
-    return jax.lax.fori_loop(0, inner, body_fn, state)
-
-
-@functools.partial(jax.jit, static_argnames=("inner",), donate_argnums=2)
-def _proposals(target_params, draft_weights, state: SpecState, inner: int):
+def _proposals(target_params, draft_weights, state: LoopState, inner: int):
     """`inner` proposals from one committed state: what a round spends before its verify.
 
     The drafter's state carries from one proposal to the next as it does across rounds
@@ -133,22 +123,20 @@ def loop_call(
         raise ValueError(f"a fill of {prompt_length} leaves no room for a round of K={k} in {context} slots")
     prompt = jnp.ones((batch, prompt_length), jnp.int32)
     lengths = jnp.full((batch,), prompt_length, jnp.int32)
-    args = (prompt, lengths, jnp.int32(context), jnp.int32(-1), jax.random.key(0))
+    args = (prompt, lengths, jnp.int32(context), jax.device_put(eos_ids(None)), jax.random.key(0))
+    drafter = weights = None
     if part == "step":
-        state = jax.jit(decode_init, static_argnums=(6, 7, 8))(target.params, *args, target.config, context, cache)
+        plan = Plan(target.config, None, 0, sampling, None, cache)
     else:
         drafter = as_drafter(draft)
         weights = drafter.weights()
         rule = default_rule(sampling) if tree is None else default_tree_rule(sampling)
-        plan = SpecPlan(target.config, drafter.without_weights(), k, sampling, rule, cache, tree)
-        state = jax.jit(spec_init, static_argnums=(7, 8))(target.params, weights, *args, plan, context)
+        plan = Plan(target.config, drafter.without_weights(), k, sampling, rule, cache, tree)
+    state = jax.jit(init_state, static_argnums=(7, 8))(target.params, weights, *args, plan, context)
 
     def call():
         nonlocal state
-        if part == "step":
-            state = _decode_steps(target.params, state, target.config, sampling, inner)
-            return state.tokens
-        if part == "round":
+        if part in ("step", "round"):
             state = _rounds(target.params, weights, state, inner)
             return state.tokens
         state, checksum = _proposals(target.params, weights, state, inner)

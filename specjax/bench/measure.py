@@ -21,12 +21,12 @@ import itertools
 
 import numpy as np
 
+from specjax.api import prepare
 from specjax.bench.timing import median, timed
+from specjax.config import GenerationConfig, SpeculativeConfig
 from specjax.drafters import Drafter
-from specjax.engine.decode import prepare_generate
 from specjax.engine.loop import CacheConfig
 from specjax.engine.output import GenerationStats, PreparedGeneration
-from specjax.engine.speculative import prepare_speculative_generate
 from specjax.io.model import Model
 
 POOLED = "all"  # the category of rows pooled over every prompt
@@ -81,21 +81,16 @@ class Workload:
         return out
 
     def prepare(self, spec: RunSpec, prompts: list[list[int]]) -> PreparedGeneration:
-        common = dict(
-            max_new_tokens=self.max_new_tokens,
-            temperature=spec.temperature,
-            seed=self.seed,
-            cache_config=self.cache_config,
-        )
         if spec.method == "plain":
-            return prepare_generate(self.target, prompts, **common)
-        return prepare_speculative_generate(
-            self.target,
-            self.drafters[spec.drafter],
-            prompts,
-            num_speculative_tokens=spec.num_speculative_tokens,
-            adaptive=spec.adaptive,
-            **common,
+            return prepare(self.target, prompts, self.config(spec))
+        speculative = SpeculativeConfig(num_speculative_tokens=spec.num_speculative_tokens, adaptive=spec.adaptive)
+        return prepare(
+            self.target, prompts, self.config(spec), draft=self.drafters[spec.drafter], speculative=speculative
+        )
+
+    def config(self, spec: RunSpec) -> GenerationConfig:
+        return GenerationConfig.at_temperature(
+            spec.temperature, max_new_tokens=self.max_new_tokens, seed=self.seed, cache=self.cache_config
         )
 
 

@@ -27,11 +27,12 @@ import dataclasses
 
 import numpy as np
 
+from specjax.api import prepare
 from specjax.bench.config import Prompts
 from specjax.bench.context import BenchContext
 from specjax.bench.measure import RunSpec, Workload, pooled
 from specjax.bench.prompts import load_prompts
-from specjax.engine.speculative import prepare_speculative_generate
+from specjax.config import SpeculativeConfig
 from specjax.trees import Tree
 from specjax.trees.tune import measure_acceptance
 
@@ -49,15 +50,9 @@ class TreeWorkload(Workload):
         tree = self.trees.get(spec.drafter)
         if spec.method == "plain" or tree is None:
             return super().prepare(spec, prompts)
-        return prepare_speculative_generate(
-            self.target,
-            self.drafters[spec.drafter],
-            prompts,
-            max_new_tokens=self.max_new_tokens,
-            temperature=spec.temperature,
-            seed=self.seed,
-            cache_config=self.cache_config,
-            tree=tree,
+        speculative = SpeculativeConfig(tree=tree)
+        return prepare(
+            self.target, prompts, self.config(spec), draft=self.drafters[spec.drafter], speculative=speculative
         )
 
 

@@ -78,6 +78,7 @@ def add_generate(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 = exact speculative sampling")
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (both models)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (both models)")
+    p.add_argument("--min-p", type=float, default=None, help="keep tokens with p >= MIN_P x the top token's (both)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (and random-init seed)")
     p.add_argument("--eos-token-id", type=int, default=None, help="stop a row at this token (default: the tokenizer's)")
     p.add_argument("--ignore-eos", action="store_true", help="never stop early: always generate --max-new-tokens")
@@ -155,6 +156,7 @@ def settings(args, draft, tree) -> dict:
         "temperature": args.temperature,
         "top_k": args.top_k,
         "top_p": args.top_p,
+        "min_p": args.min_p,
         "seed": args.seed,
         "eos_token_id": args.eos_token_id,
         "ignore_eos": args.ignore_eos,
@@ -168,10 +170,10 @@ def settings(args, draft, tree) -> dict:
 
 
 def generate_command(args) -> int:
+    from specjax.api import generate
     from specjax.cli.summary import print_summary
-    from specjax.engine.decode import generate
+    from specjax.config import GenerationConfig, SpeculativeConfig
     from specjax.engine.loop import CacheConfig
-    from specjax.engine.speculative import speculative_generate
     from specjax.io.presets import resolve_model
     from specjax.trees.tree import Tree
 
@@ -182,12 +184,15 @@ def generate_command(args) -> int:
         raise ValueError(f"model {args.target!r} has no tokenizer, so it cannot take text prompts")
     prompts = encode_prompts(tokenizer, texts, args.chat)
     eos = None if args.ignore_eos else args.eos_token_id or getattr(tokenizer, "eos_token_id", None)
-    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     cache = CacheConfig(dtype=args.kv_cache_dtype, block_size=args.attention_block, prefill_chunk=args.prefill_chunk)
-    common = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, eos_token_id=eos, cache_config=cache, **sampling)
+    config = GenerationConfig.at_temperature(
+        args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, max_new_tokens=args.max_new_tokens,
+        seed=args.seed, eos_token_id=eos, cache=cache,
+    )  # fmt: skip
     draft = None if args.plain else build_drafter(args, target)
     tree = None if args.tree is None or args.plain else Tree.from_spec(args.tree)
-    adaptive = _adaptive(args)
+    speculative = SpeculativeConfig(num_speculative_tokens=args.num_speculative_tokens, tree=tree,
+                                    adaptive=_adaptive(args))  # fmt: skip
     if args.mesh is not None:
         from specjax.parallel.mesh import mesh_from
         from specjax.parallel.shard import shard_pair
@@ -195,12 +200,7 @@ def generate_command(args) -> int:
         target, draft = shard_pair(target, draft, mesh_from(args.mesh))
 
     def run():
-        if draft is None:
-            return generate(target, prompts, **common)
-        k = args.num_speculative_tokens
-        return speculative_generate(
-            target, draft, prompts, num_speculative_tokens=k, tree=tree, adaptive=adaptive, **common
-        )
+        return generate(target, prompts, config, draft=draft, speculative=None if draft is None else speculative)
 
     if args.warmup:
         run()

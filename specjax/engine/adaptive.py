@@ -1,7 +1,7 @@
 """Adaptive speculation: every round picks K from a small static set, inside the compiled loop.
 
 Each candidate K is a static-shaped branch of one `lax.switch`: K = 0 is a plain decode
-step (a verify of width 1 that drafts nothing), K > 0 a chain round of K (speculative.py),
+step (a verify of width 1 that drafts nothing), K > 0 a chain round of K (rounds.py),
 or with `AdaptiveConfig(trees=...)` a token tree (tree_round.py). Which one runs is the
 policy's choice (adaptive_policy.py) before every round, from past rounds only, so each
 round's tokens are still distributed exactly as the target's. This file runs the chosen
@@ -17,57 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.engine.adaptive_policy import AdaptiveConfig, fold_round, policy
-from specjax.engine.loop import commit, gather_tokens
-from specjax.engine.sampling import select
-from specjax.engine.state import SpecState, draft_context
+from specjax.engine.rounds import chain_round, plain_round
+from specjax.engine.state import LoopState
 from specjax.engine.tree_round import tree_round
-from specjax.models import forward
 from specjax.trees.acceptance import default_tree_rule
 
 
-def plain_round(target_params, draft_weights, state: SpecState) -> SpecState:
-    """K = 0: one target forward of width 1 at position L - 1 and one token drawn from it, as
-    plain decoding does; the drafter sees the commit as a round that accepted nothing."""
-    plan = state.plan
-    rng, key = jax.random.split(state.rng)
-    positions = state.lengths[:, None] - 1  # [B, 1]
-    wants = plan.drafter.needs_features
-    out = forward(
-        plan.target,
-        target_params,
-        gather_tokens(state.tokens, positions),
-        positions,
-        state.target_cache,
-        features=wants,
-    )
-    logits, target_cache = out[:2]  # [B, 1, V]
-    token = select(key, logits[:, 0], plan.sampling)  # [B]
-    tokens, lengths, done = commit(
-        state.tokens,
-        state.lengths,
-        state.prompt_lengths,
-        state.done,
-        token[:, None],
-        jnp.ones_like(state.lengths),
-        state.max_new_tokens,
-        state.eos_token_id,
-    )
-    ctx = draft_context(state, target_params)
-    after = ctx.replace(tokens=tokens, lengths=lengths, done=done, features=out[2] if wants else None)
-    none = jnp.zeros_like(state.lengths)
-    return state.replace(
-        tokens=tokens,
-        lengths=lengths,
-        done=done,
-        target_cache=target_cache,
-        draft_state=plan.drafter.update(draft_weights, state.draft_state, after, none),
-        rng=rng,
-        row_rounds=state.row_rounds + (~state.done).astype(jnp.int32),
-        forwards=state.forwards + 1,
-    )
-
-
-def _branch(c: int, chain_round, target_params, draft_weights, state: SpecState) -> SpecState:
+def _branch(c: int, target_params, draft_weights, state: LoopState) -> LoopState:
     """Candidate c's round: a plain step, a chain of K, or a tree; the loop state keeps the
     adaptive plan while the round runs with a fixed one."""
     plan = state.plan
@@ -82,20 +38,20 @@ def _branch(c: int, chain_round, target_params, draft_weights, state: SpecState)
     return chain_round(target_params, draft_weights, state.replace(plan=fixed)).replace(plan=plan)
 
 
-def _learn(c: int, before: SpecState, after: SpecState) -> SpecState:
+def _learn(c: int, before: LoopState, after: LoopState) -> LoopState:
     """Fold candidate c's round (before -> after) into its estimate and the statistics."""
     num_accepted = jnp.sum(after.accepted_at - before.accepted_at, axis=1)  # [B]
     adaptive = fold_round(before.adaptive, before.plan.adaptive, c, num_accepted, ~before.done)
     return after.replace(adaptive=adaptive)
 
 
-def _remaining(state: SpecState) -> jax.Array:
+def _remaining(state: LoopState) -> jax.Array:
     """[B] float32: the tokens each row still needs (0 once done)."""
     left = state.max_new_tokens - (state.lengths - state.prompt_lengths)
     return jnp.where(state.done, 0, jnp.maximum(left, 1)).astype(jnp.float32)
 
 
-def adaptive_round(target_params, draft_weights, state: SpecState, chain_round) -> SpecState:
+def adaptive_round(target_params, draft_weights, state: LoopState) -> LoopState:
     """Rounds of the candidate the policy picks, for as long as it keeps picking it.
 
     One `lax.switch` per run of equal choices, not per round: on XLA:CPU a conditional in
@@ -107,11 +63,11 @@ def adaptive_round(target_params, draft_weights, state: SpecState, chain_round) 
     config = state.plan.adaptive
 
     def run_of(c: int):
-        def cond_fn(s: SpecState):
+        def cond_fn(s: LoopState):
             return ~jnp.all(s.done) & (policy(s.adaptive, config, _remaining(s)) == c)
 
-        def body_fn(s: SpecState):
-            return _learn(c, s, _branch(c, chain_round, target_params, draft_weights, s))
+        def body_fn(s: LoopState):
+            return _learn(c, s, _branch(c, target_params, draft_weights, s))
 
         return lambda s: jax.lax.while_loop(cond_fn, body_fn, s)
 
@@ -119,7 +75,7 @@ def adaptive_round(target_params, draft_weights, state: SpecState, chain_round) 
     return jax.lax.switch(index, [run_of(c) for c in range(len(config.widths))], state)
 
 
-def adaptive_stats(stats, state: SpecState, num_rows: int | None):
+def adaptive_stats(stats, state: LoopState, num_rows: int | None):
     """GenerationStats with what the policy did (`.adaptive`) and the draft counters of rounds
     whose K varied: drafted_tokens counts what each round drafted, acceptance per position
     divides by the rounds that drafted and reached it, and verify_width is K_MAX + 1.
@@ -134,8 +90,8 @@ def adaptive_stats(stats, state: SpecState, num_rows: int | None):
     rounds = int(ad.round)
     chosen = np.asarray(ad.chosen)[: min(rounds, ad.chosen.shape[0])]
     drafted = int(np.sum(np.asarray(ad.drafted)[:num_rows]))
-    tried = np.asarray(ad.tried_at)[:num_rows].sum(axis=0)
-    per_position = [float(c / t) if t else 0.0 for c, t in zip(stats.accepted_counts, tried, strict=True)]
+    tried = np.asarray(ad.tried_at)[:num_rows]  # [B, W]: drafted position i and reached it
+    accepted_at = np.asarray(jax.device_get(state.accepted_at))[:num_rows]
     labels = [k if isinstance(k, str) else int(k) for k in config.labels]
     policy = {
         "ks": labels,
@@ -147,14 +103,8 @@ def adaptive_stats(stats, state: SpecState, num_rows: int | None):
         "chosen_k": [labels[c] for c in chosen],
         "estimate_position_1": [round(float(x), 4) for x in np.asarray(ad.estimate)[: len(chosen)]],
     }
-    return dataclasses.replace(
-        stats,
-        drafted_tokens=drafted,
-        acceptance_rate=stats.accepted_tokens / drafted if drafted else 0.0,
-        accepted_per_position=per_position,
-        position_rounds=[int(t) for t in tried],
-        adaptive=policy,
-    )
+    # A round drafted iff it reached position 1: the plain steps draft nothing.
+    return dataclasses.replace(stats.with_drafts(tried[:, 0], accepted_at, tried, drafted), adaptive=policy)
 
 
 def plan_tokens(adaptive, num_speculative_tokens: int) -> int:

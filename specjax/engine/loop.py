@@ -6,6 +6,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax.models import KVCache, ModelConfig, feature_width, forward, init_cache
 from specjax.models.cache import DEFAULT_BLOCK_SIZE
@@ -101,18 +102,26 @@ def gather_tokens(tokens, positions):
     return jnp.take_along_axis(tokens, positions, axis=1)
 
 
-def commit(tokens, lengths, prompt_lengths, done, candidates, num_new, max_new_tokens, eos_token_id):
+def eos_ids(eos_token_id) -> np.ndarray:
+    """[E] int32 stop tokens from None, an id or a list of ids; [-1] (matches nothing) for none."""
+    ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int | np.integer) else eos_token_id
+    return np.asarray(list(ids) or [-1], np.int32)
+
+
+def commit(tokens, lengths, prompt_lengths, done, candidates, num_new, max_new_tokens, eos_token_ids):
     """Append the first `num_new` of `candidates` to every live row.
 
-    tokens [B, S]; lengths, prompt_lengths, num_new [B]; done [B] bool; candidates [B, W].
-    The appended run is cut after the first EOS (kept) and at max_new_tokens; finished
-    rows append nothing. Returns (tokens, lengths, done).
+    tokens [B, S]; lengths, prompt_lengths, num_new [B]; done [B] bool; candidates [B, W];
+    eos_token_ids [E] (-1 entries match nothing). The appended run is cut after the first
+    stop token (kept) and at max_new_tokens; finished rows append nothing. Returns
+    (tokens, lengths, done).
     """
     width = candidates.shape[1]
     j = jnp.arange(width)[None, :]  # [1, W]
     remaining = max_new_tokens - (lengths - prompt_lengths)
     count = jnp.where(done, 0, jnp.minimum(num_new, remaining))  # [B]
-    is_eos = (candidates == eos_token_id) & (j < count[:, None])  # eos_token_id -1 never matches
+    stops = jnp.any(candidates[:, :, None] == eos_token_ids[None, None, :], axis=-1)  # [B, W]
+    is_eos = stops & (j < count[:, None])
     hit_eos = jnp.any(is_eos, axis=1)
     count = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, count)
     # Slots of tokens that do not count point past the end and are dropped by the scatter.

@@ -15,35 +15,57 @@ from jax import monitoring
 from specjax.parallel.placement import gather_rows
 
 
+def acceptance_metrics(drafts: int, drafted: int, accepted: int, accepted_counts, position_rounds) -> dict:
+    """Every acceptance rate, derived from counters (the one place they are derived; the
+    engine, adaptive speculation and the bench's pooled rows all call this).
+
+    drafts: row-rounds that drafted (vLLM's num_drafts); drafted / accepted: draft tokens;
+    accepted_counts[i]: row-rounds that accepted draft position i + 1; position_rounds[i]:
+    row-rounds that drafted position i + 1 and reached it.
+    """
+    counts = [int(c) for c in accepted_counts]
+    reached = [int(n) for n in position_rounds]
+    return {
+        "acceptance_rate": _ratio(accepted, drafted),
+        "mean_acceptance_length": 1.0 + _ratio(accepted, drafts),
+        "accepted_per_position": [_ratio(c, n) for c, n in zip(counts, reached, strict=True)],
+        "rounds_accepting": _histogram(drafts, counts),  # row-rounds that accepted exactly n = 0..K
+    }
+
+
 @dataclasses.dataclass(frozen=True)
 class GenerationStats:
-    """Counters of one generation call, summed over the rows of the batch.
+    """Counters of one generation call, summed over the rows of the batch, and the rates
+    derived from them (by `acceptance_metrics`, nowhere else).
 
-    Definitions (as in vLLM / EAGLE; see README "Metrics"):
-      rounds: row-rounds, i.e. for every row the number of rounds (speculative) or
-        decode steps (plain) in which it was still generating, summed over rows.
+    Counters (vLLM's names in brackets where they differ):
+      rounds: row-rounds, i.e. for every row the number of rounds (speculative) or decode
+        steps (plain) in which it was still generating, summed over rows.
+      num_drafts: row-rounds that drafted (rounds minus adaptive speculation's plain steps).
       target_forwards: batched target forward passes of the loop (one per round or step,
         however many rows it served); the prompt prefill is not counted.
-      drafted_tokens: K (a tree: its N nodes) per row-round. accepted_tokens: draft tokens
-        the target accepted.
-      verify_width: tokens per row in each target forward: K + 1 (a tree: N + 1; plain: 1).
-      acceptance_rate: accepted_tokens / drafted_tokens (a tree drafts N to accept at most
-        its depth, so compare trees by mean_acceptance_length, not by this).
-      mean_acceptance_length: 1 + accepted_tokens / rounds, pooled over rows, i.e. tokens a
-        round yields counting the correction/bonus token (gpt-fast reports it without +1).
-      accepted_per_position: for i = 1..K, P(draft token i accepted | tokens 1..i-1 were);
-        for a tree, i is the depth.
-      accepted_counts: for i = 1..K, the row-rounds in which draft token i was accepted
-        (acceptance is a prefix, so rounds that accepted exactly n tokens are
-        accepted_counts[n-1] - accepted_counts[n]).
+      drafted_tokens [num_draft_tokens]: K (a tree: its N nodes) per drafting row-round.
+      accepted_tokens [num_accepted_tokens]: draft tokens the target accepted.
+      accepted_counts [num_accepted_tokens_per_pos]: for i = 1..K, the row-rounds in which
+        draft token i was accepted.
       position_rounds: for i = 1..K, the row-rounds that drafted position i and reached it
-        (every earlier one accepted): accepted_per_position[i] is
-        accepted_counts[i] / position_rounds[i].
+        (every earlier one accepted).
       emitted_tokens: tokens the rounds produced, rounds + accepted_tokens (each round
         commits its accepted draft tokens plus one correction/bonus token).
       truncated_tokens: emitted_tokens - generated_tokens, the emitted tokens cut because
         a row reached max_new_tokens or EOS mid-round; so the summary adds up.
-      stopped_at_eos: per row, whether it ended at the EOS token (else at max_new_tokens).
+      stopped_at_eos: per row, whether it ended at an EOS token (else at max_new_tokens).
+      accepted_length_histogram: per row, rounds that accepted exactly n = 0..K tokens.
+      verify_width: tokens per row in each target forward: K + 1 (a tree: N + 1; plain: 1).
+    Derived (see README "Metrics"):
+      acceptance_rate: accepted_tokens / drafted_tokens (a tree drafts N to accept at most
+        its depth, so compare trees by mean_acceptance_length, not by this).
+      mean_acceptance_length: 1 + accepted_tokens / num_drafts, pooled over rows: tokens a
+        drafting round yields counting the correction/bonus token (gpt-fast reports it
+        without the +1).
+      accepted_per_position: for i = 1..K, P(draft token i accepted | tokens 1..i-1 were),
+        accepted_counts[i] / position_rounds[i]; for a tree, i is the depth.
+      rounds_accepting: row-rounds that accepted exactly n = 0..K draft tokens.
     """
 
     rounds: int
@@ -58,6 +80,9 @@ class GenerationStats:
     accepted_counts: list[int]
     per_row_mean_acceptance_length: list[float]
     position_rounds: list[int] = dataclasses.field(default_factory=list)
+    num_drafts: int = 0
+    rounds_accepting: list[int] = dataclasses.field(default_factory=list)
+    accepted_length_histogram: list[list[int]] = dataclasses.field(default_factory=list)
     emitted_tokens: int = 0
     truncated_tokens: int = 0
     stopped_at_eos: list[bool] = dataclasses.field(default_factory=list)
@@ -68,6 +93,27 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def with_drafts(self, row_drafts, accepted_at, tried_at, drafted_tokens: int) -> GenerationStats:
+        """These stats with the draft counters of rounds whose K varies (adaptive speculation,
+        where plain steps draft nothing): row_drafts [B] drafting rounds, accepted_at [B, W],
+        tried_at [B, W] row-rounds that drafted position i and reached it, drafted_tokens.
+        Every rate is derived again from the counters."""
+        row_drafts = np.asarray(row_drafts, np.int64)
+        accepted_at = np.asarray(accepted_at, np.int64)
+        tried = np.asarray(tried_at, np.int64).sum(axis=0)
+        drafts = int(row_drafts.sum())
+        return dataclasses.replace(
+            self,
+            num_drafts=drafts,
+            drafted_tokens=int(drafted_tokens),
+            position_rounds=[int(t) for t in tried],
+            accepted_length_histogram=[_histogram(d, row) for d, row in zip(row_drafts, accepted_at, strict=True)],
+            per_row_mean_acceptance_length=[
+                1.0 + _ratio(row.sum(), d) for d, row in zip(row_drafts, accepted_at, strict=True)
+            ],
+            **acceptance_metrics(drafts, drafted_tokens, self.accepted_tokens, self.accepted_counts, tried),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +131,16 @@ def _ratio(num, den) -> float:
     return float(num) / float(den) if den else 0.0
 
 
+def _histogram(drafts: int, counts) -> list[int]:
+    """Rounds that accepted exactly n = 0..K tokens, from the rounds that drafted and the
+    rounds that accepted position n (acceptance is a prefix)."""
+    counts = [int(c) for c in counts]
+    k = len(counts)
+    return [int(drafts) - (counts[0] if k else 0)] + [
+        counts[n - 1] - (counts[n] if n < k else 0) for n in range(1, k + 1)
+    ]
+
+
 def collect_output(
     tokens,
     prompt_lengths,
@@ -94,7 +150,7 @@ def collect_output(
     accepted_at=None,
     num_rows=None,
     drafted_per_round=None,
-    eos_token_id: int | None = None,
+    eos_token_id=None,
 ):
     """Host-side assembly from final loop state arrays (numpy).
 
@@ -103,7 +159,7 @@ def collect_output(
     `num_rows`: keep only the first num_rows rows (the rest pad the batch to its bucket);
     None keeps all. `drafted_per_round`: tokens drafted per row-round when it is not K
     (a tree's node count N); the verify width is drafted_per_round + 1. `eos_token_id`
-    (None or < 0: none) marks the rows that stopped at EOS.
+    (None, an id or a list of ids) marks the rows that stopped at EOS.
     """
     if num_rows is not None:
         tokens, prompt_lengths, lengths, row_rounds = (
@@ -113,32 +169,37 @@ def collect_output(
     generated = [tokens[b, prompt_lengths[b] : lengths[b]].tolist() for b in range(tokens.shape[0])]
     row_rounds = np.asarray(row_rounds, np.int64)
     rounds = int(row_rounds.sum())
-    if accepted_at is None:
+    plain = accepted_at is None
+    if plain:
         accepted_at = np.zeros((len(generated), 0), np.int64)
     accepted_at = np.asarray(accepted_at, np.int64)
     k = accepted_at.shape[1]
     drafted = k if drafted_per_round is None else drafted_per_round
+    row_drafts = np.zeros_like(row_rounds) if plain else row_rounds  # every round of a fixed K drafts
+    drafts = int(row_drafts.sum())
     row_accepted = accepted_at.sum(axis=1)
     accepted = int(row_accepted.sum())
-    reached = np.concatenate([[rounds], accepted_at.sum(axis=0)])  # rounds that got to position i
+    counts = accepted_at.sum(axis=0)
+    reached = np.concatenate([[drafts], counts])[:k]  # row-rounds that drafted and got to position i
     generated_tokens = sum(len(g) for g in generated)
-    eos = -1 if eos_token_id is None else int(eos_token_id)
+    stops = set() if eos_token_id is None else {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
+    metrics = acceptance_metrics(drafts, drafted * drafts, accepted, counts, reached)
     stats = GenerationStats(
         rounds=rounds,
+        num_drafts=drafts,
         target_forwards=int(target_forwards),
-        drafted_tokens=drafted * rounds,
+        drafted_tokens=drafted * drafts,
         verify_width=drafted + 1,
         accepted_tokens=accepted,
         generated_tokens=generated_tokens,
-        acceptance_rate=_ratio(accepted, drafted * rounds),
-        mean_acceptance_length=1.0 + _ratio(accepted, rounds),
-        accepted_per_position=[_ratio(reached[i + 1], reached[i]) for i in range(k)],
-        accepted_counts=[int(c) for c in reached[1:]],
-        per_row_mean_acceptance_length=[1.0 + _ratio(a, r) for a, r in zip(row_accepted, row_rounds, strict=True)],
-        position_rounds=[int(c) for c in reached[:k]],
+        accepted_counts=[int(c) for c in counts],
+        position_rounds=[int(c) for c in reached],
+        per_row_mean_acceptance_length=[1.0 + _ratio(a, r) for a, r in zip(row_accepted, row_drafts, strict=True)],
+        accepted_length_histogram=[_histogram(d, row) for d, row in zip(row_drafts, accepted_at, strict=True)],
         emitted_tokens=rounds + accepted,
         truncated_tokens=rounds + accepted - generated_tokens,
-        stopped_at_eos=[eos >= 0 and bool(g) and g[-1] == eos for g in generated],
+        stopped_at_eos=[bool(g) and g[-1] in stops for g in generated],
+        **metrics,
     )
     return GenerationOutput(tokens=generated, stats=stats)
 

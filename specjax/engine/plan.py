@@ -1,57 +1,59 @@
-"""Checking a speculative call's arguments and planning it: the prompt batch, the static
-SpecPlan (a jit cache key), the drafter's weights and, for adaptive speculation, its costs."""
+"""Checking a generation's arguments and planning it: the prompt batch, the static Plan (a
+jit cache key), the drafter's weights and, for adaptive speculation, its costs."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from specjax.drafters import as_drafter
+from specjax.config import GenerationConfig, SpeculativeConfig
+from specjax.drafters import Drafter
 from specjax.engine.acceptance import default_rule
 from specjax.engine.adaptive import plan_tokens, resolve_adaptive
-from specjax.engine.loop import DEFAULT_CACHE
-from specjax.engine.prompts import prepare_prompts
-from specjax.engine.sampling import SamplingConfig
-from specjax.engine.state import SpecPlan
+from specjax.engine.prompts import PromptBatch, prepare_prompts
+from specjax.engine.state import Plan
 from specjax.trees.acceptance import default_tree_rule
 from specjax.trees.tree import Tree
 
 
 def plan_generation(
     target,
-    draft,
     prompts,
-    num_speculative_tokens,
-    max_new_tokens,
-    temperature,
-    top_k,
-    top_p,
-    rule,
-    cache_config,
-    tree=None,
-    adaptive=False,
-):
-    """(prompt batch, plan, the drafter's weights, adaptive costs or None) after checking every argument."""
-    sampling = SamplingConfig(temperature, top_k, top_p)
-    drafter = as_drafter(draft)
+    config: GenerationConfig,
+    drafter: Drafter | None = None,
+    speculative: SpeculativeConfig | None = None,
+) -> tuple[PromptBatch, Plan, object, object]:
+    """(prompt batch, plan, the drafter's weights, adaptive costs or None) after checking every
+    argument. `drafter` None is plain decoding (`speculative` is then ignored)."""
+    if not isinstance(config, GenerationConfig):
+        raise ValueError(f"config must be a specjax.GenerationConfig, got {type(config).__name__}")
+    sampling = config.sampling
+    if drafter is None:
+        batch = prepare_prompts(target, prompts, config.max_new_tokens, headroom=0)
+        plan = Plan(target=target.config, drafter=None, num_speculative_tokens=0, sampling=sampling, rule=None,
+                    cache=config.cache)  # fmt: skip
+        return batch, plan, None, None
+    speculative = speculative or SpeculativeConfig()
+    tree, k = speculative.tree, speculative.num_speculative_tokens
     if tree is not None:
         if not isinstance(tree, Tree):
             raise ValueError(f"tree must be a specjax.Tree (Tree.from_paths, Tree.chain, Tree.preset), got {tree!r}")
         drafter.check_tree(target.config, tree)
-        # A tree's nodes occupy N slots past the root, whatever its depth.
-        num_speculative_tokens = tree.num_nodes
-    elif not isinstance(num_speculative_tokens, int | np.integer) or num_speculative_tokens < 1:
-        raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {num_speculative_tokens!r}")
+        k = tree.num_nodes  # a tree's nodes occupy N slots past the root, whatever its depth
+    elif not isinstance(k, int | np.integer) or k < 1:
+        raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
     else:
-        drafter.check(target.config, int(num_speculative_tokens))
-    num_speculative_tokens = plan_tokens(adaptive, num_speculative_tokens)
-    batch = prepare_prompts(target, prompts, max_new_tokens, headroom=num_speculative_tokens + 1)
-    plan = SpecPlan(
+        drafter.check(target.config, int(k))
+    adaptive = speculative.adaptive
+    k = plan_tokens(adaptive, k)
+    batch = prepare_prompts(target, prompts, config.max_new_tokens, headroom=k + 1)
+    rule = speculative.rule
+    plan = Plan(
         target=target.config,
         drafter=drafter.without_weights(),
-        num_speculative_tokens=int(num_speculative_tokens),
+        num_speculative_tokens=int(k),
         sampling=sampling,
         rule=rule or (default_rule(sampling) if tree is None else default_tree_rule(sampling)),
-        cache=cache_config or DEFAULT_CACHE,
+        cache=config.cache,
         tree=tree,
     )
     plan, costs = resolve_adaptive(adaptive, plan, target, drafter, batch, rule)

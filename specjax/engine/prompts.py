@@ -7,9 +7,9 @@ import warnings
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from specjax.engine.loop import eos_ids
 from specjax.io.model import Model, _check_token_ids
 from specjax.parallel.placement import model_mesh, pad_rows, place_rows
 
@@ -44,15 +44,16 @@ class PromptBatch:
         """Rows the compiled program runs: `batch_size` padded to its bucket."""
         return self.tokens.shape[0]
 
-    def loop_inputs(self, eos_token_id: int | None, seed: int, padded: bool = True) -> tuple:
-        """Device arrays every generation loop starts from: (prompt, lengths, done, eos id or -1, rng key).
+    def loop_inputs(self, eos_token_id, seed: int, padded: bool = True) -> tuple:
+        """Device arrays every generation loop starts from: (prompt, lengths, done, stop ids [E], rng key).
+        `eos_token_id`: None, an id or a list of ids.
 
         `done` [B] marks the padding rows finished from the start. `padded=False` returns
         only the caller's rows (for a state the caller inspects row by row).
         """
         rows = self.bucket_rows if padded else self.num_rows
         done = np.arange(rows) >= self.num_rows
-        eos = jnp.int32(-1 if eos_token_id is None else eos_token_id)
+        eos = jax.device_put(eos_ids(eos_token_id))  # [E]: -1 when there is none
         # device_put, not jnp.asarray: in jax 0.10 jnp.asarray of a numpy array compiles a
         # small "stage" program per shape, three more live executables per batch shape.
         prompt, lengths, done = place_rows((self.tokens[:rows], self.lengths[:rows], done), self.mesh)

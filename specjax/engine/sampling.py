@@ -15,11 +15,15 @@ import jax.numpy as jnp
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
-    """How a distribution is drawn from logits. temperature 0 means greedy (argmax)."""
+    """How a distribution is drawn from logits. temperature 0 means greedy (argmax).
+
+    The filters apply in Hugging Face's order: temperature, top_k, top_p, min_p (keep tokens
+    whose probability is >= min_p x the most likely one's)."""
 
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float | None = None
+    min_p: float | None = None
 
     def __post_init__(self):
         if not self.temperature >= 0.0:  # also rejects NaN
@@ -28,6 +32,8 @@ class SamplingConfig:
             raise ValueError(f"top_k must be >= 1 or None, got {self.top_k}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p}")
+        if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1] or None, got {self.min_p}")
 
     @property
     def greedy(self) -> bool:
@@ -35,7 +41,7 @@ class SamplingConfig:
 
 
 def probabilities(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
-    """logits [..., V] -> float32 probabilities [..., V] after temperature, top-k, top-p."""
+    """logits [..., V] -> float32 probabilities [..., V] after temperature, top-k, top-p, min-p."""
     logits = logits.astype(jnp.float32) / (sampling.temperature if not sampling.greedy else 1.0)
     if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
         kth = jax.lax.top_k(logits, sampling.top_k)[0][..., -1:]  # [..., 1]
@@ -49,6 +55,10 @@ def probabilities(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
         kept = jnp.where(mass_before < sampling.top_p, sorted_probs, jnp.inf)
         threshold = jnp.min(kept, axis=-1, keepdims=True)
         probs = jnp.where(probs >= threshold, probs, 0.0)
+        probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+    if sampling.min_p is not None and sampling.min_p > 0.0:
+        floor = sampling.min_p * jnp.max(probs, axis=-1, keepdims=True)  # the top token always stays
+        probs = jnp.where(probs >= floor, probs, 0.0)
         probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
     return probs
 

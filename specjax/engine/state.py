@@ -1,7 +1,9 @@
-"""The state of speculative decoding: the static plan and the loop state pytree.
+"""The loop state every generation runs on, its static plan, and the round epilogue.
 
-Both round kinds (the chain in speculative.py, the tree in tree_round.py) read and write
-this one state, so chains and trees run in the same compiled loop.
+Plain decoding is the no-drafter case of the same state: every round kind (a plain step, a
+chain of K, a token tree, an adaptive branch) reads one `LoopState` and ends in one
+`finish_round`, which commits and counts. So the counters mean the same thing everywhere,
+and the statistics are derived from them in one place (engine/output.py).
 """
 
 from __future__ import annotations
@@ -15,56 +17,72 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax.drafters import DraftContext, Drafter
-from specjax.engine.loop import DEFAULT_CACHE, CacheConfig
+from specjax.engine.loop import DEFAULT_CACHE, CacheConfig, commit
 from specjax.engine.sampling import SamplingConfig
 from specjax.models import KVCache, ModelConfig
 from specjax.trees.tree import Tree
 
 
 @dataclasses.dataclass(frozen=True)
-class SpecPlan:
-    """Everything static about a speculative generation (hashable: a jit cache key)."""
+class Plan:
+    """Everything static about a generation (hashable: a jit cache key; a change recompiles)."""
 
     target: ModelConfig
-    drafter: Drafter  # the static part (`without_weights()`): compared by configuration
-    num_speculative_tokens: int  # K of a chain; a tree's node count N (the verify width is N + 1)
+    drafter: Drafter | None  # the static part (`without_weights()`); None: plain decoding
+    num_speculative_tokens: int  # K of a chain; a tree's node count N (the verify width is N + 1); 0: plain
     sampling: SamplingConfig
-    rule: Callable  # an AcceptanceRule (engine/acceptance.py), or a tree rule (trees/acceptance.py)
+    rule: Callable | None  # an AcceptanceRule (engine/acceptance.py) or a tree rule (trees/acceptance.py)
     cache: CacheConfig = DEFAULT_CACHE
-    tree: Tree | None = None  # None: a chain of K (engine/speculative.py); else a tree round
+    tree: Tree | None = None  # None: a chain of K (engine/rounds.py); else a tree round
     # An AdaptiveConfig (engine/adaptive_policy.py, without costs): each round picks K <= K_MAX.
     adaptive: Any = None
 
     @property
     def accepted_width(self) -> int:
-        """Draft positions counted in SpecState.accepted_at: K, the tree's depth, or the
-        deepest of the adaptive policy's trees."""
+        """Draft positions counted in LoopState.accepted_at: K, the tree's depth, the deepest
+        of the adaptive policy's trees, or 0 for plain decoding."""
         if self.adaptive is not None and self.adaptive.trees:
             return max(tree.depth for tree in self.adaptive.trees)
         return self.num_speculative_tokens if self.tree is None else self.tree.depth
 
+    @property
+    def wants_features(self) -> bool:
+        """Whether the target's forwards return hidden states for the drafter (heads)."""
+        return self.drafter is not None and self.drafter.needs_features
+
+
+SpecPlan = Plan  # the name before plain decoding shared the plan
+
 
 @struct.dataclass
-class SpecState:
-    """The loop state of speculative decoding: one pytree, donated to every round."""
+class LoopState:
+    """The loop state of a generation: one pytree, donated to every round.
+
+    Counters (the only ones; every rate is derived from them in engine/output.py):
+    row_rounds, accepted_at and forwards.
+    """
 
     tokens: jax.Array  # [B, S] int32: prompt + committed tokens, slot = position
     lengths: jax.Array  # [B] int32: committed tokens per row, prompt included
     prompt_lengths: jax.Array  # [B] int32
     done: jax.Array  # [B] bool
-    target_cache: KVCache
-    draft_state: Any  # the drafter's pytree (a draft model's KV cache, match counters, ...)
+    target_cache: KVCache  # [layers, B, S, n_kv, d_head] K and V, valid below `lengths`
+    draft_state: Any  # the drafter's pytree (a draft model's KV cache, match counters, ...); None: plain
     rng: jax.Array
     max_new_tokens: jax.Array  # [] int32
-    eos_token_id: jax.Array  # [] int32, -1 when there is none
-    row_rounds: jax.Array  # [B] int32: rounds in which each row was still generating
-    accepted_at: jax.Array  # [B, K] int32 (a tree: [B, depth]): rounds that accepted draft position / depth i
-    forwards: jax.Array  # [] int32: batched target verify passes
-    plan: SpecPlan = struct.field(pytree_node=False)
+    eos_token_ids: jax.Array  # [E] int32 stop tokens, -1 entries match nothing
+    row_rounds: jax.Array  # [B] int32: rounds (plain: steps) in which each row was still generating
+    accepted_at: jax.Array  # [B, W] int32: rounds that accepted draft position (a tree: depth) i; W = 0 plain
+    forwards: jax.Array  # [] int32: batched target forwards of the loop (one per round)
+    plan: Plan = struct.field(pytree_node=False)
     adaptive: Any = None  # an AdaptiveState (engine/adaptive_policy.py) when plan.adaptive is set
 
 
-def draft_context(state: SpecState, target_params) -> DraftContext:
+SpecState = LoopState  # the names before plain decoding shared the state
+DecodeState = LoopState
+
+
+def draft_context(state: LoopState, target_params) -> DraftContext:
     """What the drafter may read of `state`: its committed sequence, the target and the plan."""
     plan = state.plan
     return DraftContext(
@@ -87,3 +105,48 @@ def accepted_positions(accepted_at, num_accepted, live):
     keeps the widest); num_accepted never does, so the rest stays 0."""
     i = jnp.arange(accepted_at.shape[1])[None, :]
     return ((i < num_accepted[:, None]) & live[:, None]).astype(jnp.int32)
+
+
+def finish_round(
+    state: LoopState,
+    candidates,
+    num_accepted,
+    target_cache: KVCache,
+    rng,
+    update_drafter: Callable[[jax.Array, jax.Array, jax.Array], Any] | None = None,
+) -> LoopState:
+    """The epilogue of every round kind: commit, set the target cache's valid length, let the
+    drafter see the commit, count.
+
+    candidates [B, W]: the accepted draft tokens, then the correction/bonus token; the first
+      num_accepted + 1 [B] of them are committed (cut at EOS and max_new_tokens).
+    target_cache: after the round's verify forward (a tree's accepted path already moved to
+      its slots). Rollback is a length change: slots holding rejected drafts stay and are
+      overwritten later.
+    update_drafter: (tokens, lengths, done) after the commit -> the drafter's new state;
+      None keeps it (plain decoding has none).
+    """
+    tokens, lengths, done = commit(
+        state.tokens,
+        state.lengths,
+        state.prompt_lengths,
+        state.done,
+        candidates,
+        num_accepted + 1,
+        state.max_new_tokens,
+        state.eos_token_ids,
+    )
+    live = ~state.done
+    valid = jnp.minimum(state.lengths + num_accepted, lengths)  # the target holds K/V of these
+    draft_state = state.draft_state if update_drafter is None else update_drafter(tokens, lengths, done)
+    return state.replace(
+        tokens=tokens,
+        lengths=lengths,
+        done=done,
+        target_cache=target_cache.replace(lengths=valid),
+        draft_state=draft_state,
+        rng=rng,
+        row_rounds=state.row_rounds + live.astype(jnp.int32),
+        accepted_at=state.accepted_at + accepted_positions(state.accepted_at, num_accepted, live),
+        forwards=state.forwards + 1,
+    )

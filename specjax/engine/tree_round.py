@@ -1,7 +1,7 @@
 """One tree round: draft a token tree, verify it in one target forward, commit the best path.
 
-The tree counterpart of `speculative_round` (speculative.py), over the same SpecState, so
-both run in the same compiled while loop. With N nodes the target forward has width N + 1:
+The tree counterpart of `chain_round` (rounds.py), over the same LoopState and ending in the
+same `finish_round`, so both run in the same compiled while loop. With N nodes the target forward has width N + 1:
 the root (the last committed token, at slot and position L - 1) and node i at slot L - 1 + i
 and position L - 1 + depth(i). Siblings share a position, so they cannot share the slot
 = position layout: a TreeMask lets each node see the committed prefix and its ancestors.
@@ -15,13 +15,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax.engine.loop import commit, gather_tokens
+from specjax.engine.loop import gather_tokens
 from specjax.engine.sampling import probabilities
-from specjax.engine.state import SpecState, accepted_positions, draft_context
+from specjax.engine.state import LoopState, draft_context, finish_round
 from specjax.models import TreeMask, forward
 
 
-def tree_round(target_params, draft_weights, state: SpecState) -> SpecState:
+def tree_round(target_params, draft_weights, state: LoopState) -> LoopState:
     """One tree round as a pure function of the parameters and the loop state."""
     plan = state.plan
     tree = plan.tree
@@ -37,7 +37,7 @@ def tree_round(target_params, draft_weights, state: SpecState) -> SpecState:
     positions = start[:, None] + jnp.asarray(tree.depths)  # [B, N+1]
     verify_tokens = jnp.concatenate([gather_tokens(state.tokens, start[:, None]), nodes], axis=1)
     mask = TreeMask(start=start, slots=slots, visible=jnp.asarray(tree.ancestors))
-    wants = plan.drafter.needs_features
+    wants = plan.wants_features
     out = forward(plan.target, target_params, verify_tokens, positions, state.target_cache, mask, features=wants)
     logits, target_cache = out[:2]
     p = logits if plan.sampling.greedy else probabilities(logits, plan.sampling)  # [B, N+1, V]
@@ -49,37 +49,20 @@ def tree_round(target_params, draft_weights, state: SpecState) -> SpecState:
     path_tokens = jnp.take_along_axis(verify_tokens, path, axis=1)  # [B, D]
     padded = jnp.concatenate([path_tokens, jnp.zeros_like(path_tokens[:, :1])], axis=1)
     candidates = jnp.where(j == num_accepted[:, None], next_token[:, None], padded)
-    tokens, new_lengths, done = commit(
-        state.tokens,
-        lengths,
-        state.prompt_lengths,
-        state.done,
-        candidates,
-        num_accepted + 1,
-        state.max_new_tokens,
-        state.eos_token_id,
-    )
     # Compaction: accepted node path[j] (slot L-1+path[j]) belongs at slot L+j. A row that
     # accepted fewer nodes, or is done, points the rest past the cache end (dropped).
     live = ~state.done
     keep = (j[:, :depth] < num_accepted[:, None]) & live[:, None]
     src = start[:, None] + path  # [B, D]
     dst = jnp.where(keep, lengths[:, None] + j[:, :depth], target_cache.max_length)
-    target_valid = jnp.minimum(lengths + num_accepted, new_lengths)
     # Features of the root and the accepted path, in path order: [B, D+1, hidden].
     features = None
     if wants:
         order = jnp.concatenate([jnp.zeros_like(path[:, :1]), path], axis=1)  # [B, D+1]
         features = jnp.take_along_axis(out[2], order[:, :, None], axis=1)
-    after = ctx.replace(tokens=tokens, lengths=new_lengths, done=done, features=features)
-    return state.replace(
-        tokens=tokens,
-        lengths=new_lengths,
-        done=done,
-        target_cache=target_cache.move(src, dst).replace(lengths=target_valid),
-        draft_state=plan.drafter.update_tree(draft_weights, draft_state, after, src, dst, num_accepted),
-        rng=rng,
-        row_rounds=state.row_rounds + live.astype(jnp.int32),
-        accepted_at=state.accepted_at + accepted_positions(state.accepted_at, num_accepted, live),
-        forwards=state.forwards + 1,
-    )
+
+    def update(tokens, new_lengths, done):
+        after = ctx.replace(tokens=tokens, lengths=new_lengths, done=done, features=features)
+        return plan.drafter.update_tree(draft_weights, draft_state, after, src, dst, num_accepted)
+
+    return finish_round(state, candidates, num_accepted, target_cache.move(src, dst), rng, update)

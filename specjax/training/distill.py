@@ -21,8 +21,8 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
-from specjax.engine.decode import generate
-from specjax.engine.speculative import speculative_generate
+from specjax.api import generate
+from specjax.config import GenerationConfig, SpeculativeConfig
 from specjax.io.model import Model
 from specjax.models import ModelConfig, full_forward, init_params
 from specjax.training.data import DataConfig, held_out_prompts, training_batch
@@ -142,13 +142,9 @@ def distillation_batch(config: DistillConfig, target: Model, draft: Model, step:
         if not count:
             continue
         prompts = windows[start : start + count, : data.prompt_len].tolist()
-        out = generate(
-            model,
-            prompts,
-            max_new_tokens=data.seq_len - data.prompt_len,
-            temperature=data.generation_temperature,
-            seed=(config.seed * 1_000_003 + step * 2 + (source == "draft")) % 2**31,
-        )
+        seed = (config.seed * 1_000_003 + step * 2 + (source == "draft")) % 2**31
+        settings = dict(max_new_tokens=data.seq_len - data.prompt_len, seed=seed)
+        out = generate(model, prompts, GenerationConfig.at_temperature(data.generation_temperature, **settings))
         windows[start : start + count, data.prompt_len :] = np.asarray(out.tokens, np.int32)
         masks[start : start + count, : data.prompt_len - 1] = 0.0
         start += count
@@ -159,15 +155,11 @@ def acceptance(config: DistillConfig, target: Model, draft: Model, prompts: list
     """Held-out mean acceptance length and rate of `draft` against `target`, greedy and sampled."""
     out = {}
     for name, temperature in (("greedy", 0.0), ("sampled", config.temperature)):
-        stats = speculative_generate(
-            target,
-            draft,
-            prompts,
-            num_speculative_tokens=config.eval.num_speculative_tokens,
-            max_new_tokens=config.eval.max_new_tokens,
-            temperature=temperature,
-            seed=config.seed,
-        ).stats
+        settings = GenerationConfig.at_temperature(
+            temperature, max_new_tokens=config.eval.max_new_tokens, seed=config.seed
+        )
+        speculative = SpeculativeConfig(num_speculative_tokens=config.eval.num_speculative_tokens)
+        stats = generate(target, prompts, settings, draft=draft, speculative=speculative).stats
         out[f"mean_acceptance_length_{name}"] = stats.mean_acceptance_length
         out[f"acceptance_rate_{name}"] = stats.acceptance_rate
     return out

@@ -30,10 +30,11 @@ import jax.numpy as jnp
 import optax
 from tqdm.auto import tqdm
 
+from specjax.api import generate
+from specjax.config import GenerationConfig, SpeculativeConfig
 from specjax.drafters.eagle import Eagle, head_config, init_eagle_params, teacher_forced, unrolled
 from specjax.drafters.heads import save_drafter
 from specjax.drafters.medusa import Medusa, init_medusa_params, medusa_hidden, target_logits
-from specjax.engine.speculative import speculative_generate
 from specjax.io.model import Model
 from specjax.models import ModelConfig, feature_layers, full_forward
 from specjax.training.data import DataConfig, held_out_prompts, training_batch
@@ -179,13 +180,10 @@ def _parts(names: tuple[str, ...], parts) -> dict:
 
 def head_acceptance(config: HeadTrainConfig, target: Model, head, prompts: list[str]) -> dict:
     """Held-out greedy mean acceptance length and rate of `head` at eval K."""
-    stats = speculative_generate(
-        target,
-        head,
-        prompts,
-        num_speculative_tokens=min(config.eval.num_speculative_tokens, getattr(head, "num_heads", 10**6)),
-        max_new_tokens=config.eval.max_new_tokens,
-        seed=config.seed,
+    k = min(config.eval.num_speculative_tokens, getattr(head, "num_heads", 10**6))
+    settings = GenerationConfig(max_new_tokens=config.eval.max_new_tokens, seed=config.seed)
+    stats = generate(
+        target, prompts, settings, draft=head, speculative=SpeculativeConfig(num_speculative_tokens=k)
     ).stats
     return {
         "mean_acceptance_length_greedy": stats.mean_acceptance_length,

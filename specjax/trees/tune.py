@@ -28,10 +28,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.api import generate
+from specjax.config import GenerationConfig
 from specjax.drafters import DraftModel, Eagle, LayerSkip
 from specjax.drafters.eagle import teacher_forced
 from specjax.drafters.layer_skip import early_exit
-from specjax.engine.decode import generate
 from specjax.engine.sampling import SamplingConfig, probabilities
 from specjax.io.model import Model, logits
 from specjax.trees.tree import Tree
@@ -93,7 +94,12 @@ def measure_acceptance(
 ) -> np.ndarray:
     """[max_depth, max_rank]: P(rank-r candidate accepted at depth d + 1 | its parent was)."""
     config = SamplingConfig(temperature, sampling.get("top_k"), sampling.get("top_p"))
-    out = generate(target, prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, **sampling)
+    settings = {k: v for k, v in sampling.items() if k in ("top_k", "top_p", "min_p")}
+    out = generate(
+        target,
+        prompts,
+        GenerationConfig.at_temperature(temperature, max_new_tokens=max_new_tokens, seed=seed, **settings),
+    )
     encoded = prompts if not out.text else [target.tokenizer.encode(p) for p in prompts]
     sequences = [list(p) + list(t) for p, t in zip(encoded, out.tokens, strict=True)]
     width = max(len(s) for s in sequences)

@@ -1,0 +1,131 @@
+"""The generation API: one entry point over one loop, two settings objects.
+
+    generate(target, prompts, config=None, *, draft=None, speculative=None) -> GenerationOutput
+    prepare(...)     the same call checked and planned, to run (repeatedly) later
+    init_state(...)  the state before the first round, to drive rounds yourself with step()
+    step(target, state, *, draft=None)   one jitted round; the state is donated
+    state_output(state)                  tokens and statistics of any state
+
+No draft and no `speculative` is plain decoding (gpt-fast's "no draft model"). `draft` is a
+`Model` (a draft model) or any `Drafter`; `speculative` (a SpeculativeConfig) says how to
+speculate: K, a tree, adaptive K, the rule, and, when `draft` is not given, which drafter by
+name (vLLM's `method` / `model`). `config` (a GenerationConfig) says how to generate.
+"""
+
+from __future__ import annotations
+
+from specjax.config import GenerationConfig, SpeculativeConfig
+from specjax.drafters import Drafter, as_drafter, make_drafter
+from specjax.engine.generation import jit_init_state, jit_round, prepared_generation
+from specjax.engine.generation import state_output as _state_output
+from specjax.engine.output import GenerationOutput, PreparedGeneration
+from specjax.engine.plan import plan_generation
+from specjax.engine.state import LoopState
+from specjax.io.model import Model
+
+_LEGACY = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "eos_token_id", "cache_config")
+
+
+def build_drafter(target: Model, speculative: SpeculativeConfig, seed: int = 0) -> Drafter:
+    """The drafter a SpeculativeConfig names (models by name load here; random presets draw
+    their weights with seed + 1, as the CLI does)."""
+    from specjax.io.presets import load_model
+
+    return make_drafter(speculative.drafter_spec(), lambda name: load_model(name, seed=seed + 1), target)
+
+
+def _resolve(target, config, draft, speculative) -> tuple[GenerationConfig, Drafter | None, SpeculativeConfig | None]:
+    if not isinstance(target, Model):
+        raise ValueError(f"target must be a specjax.Model (specjax.load_model, specjax.init_model), got {target!r}")
+    config = GenerationConfig() if config is None else config
+    if not isinstance(config, GenerationConfig):
+        raise ValueError(f"config must be a specjax.GenerationConfig, got {type(config).__name__}")
+    if speculative is not None and not isinstance(speculative, SpeculativeConfig):
+        raise ValueError(f"speculative must be a specjax.SpeculativeConfig, got {type(speculative).__name__}")
+    if draft is not None:
+        return config, as_drafter(draft), speculative or SpeculativeConfig()
+    if speculative is None:
+        return config, None, None
+    return config, build_drafter(target, speculative, config.seed), speculative
+
+
+def prepare(
+    target: Model,
+    prompts,
+    config: GenerationConfig | None = None,
+    *,
+    draft: Model | Drafter | None = None,
+    speculative: SpeculativeConfig | None = None,
+) -> PreparedGeneration:
+    """Check and plan a generation once; `.run()` it, or `.launch(n)` it to time the loop."""
+    config, drafter, speculative = _resolve(target, config, draft, speculative)
+    batch, plan, weights, costs = plan_generation(target, prompts, config, drafter, speculative)
+    return prepared_generation(target, batch, plan, weights, costs, config.max_new_tokens, config.eos_token_id,
+                               config.seed)  # fmt: skip
+
+
+def generate(
+    target: Model,
+    prompts,
+    config: GenerationConfig | None = None,
+    *,
+    draft: Model | Drafter | None = None,
+    speculative: SpeculativeConfig | None = None,
+    **legacy,
+) -> GenerationOutput:
+    """Generate from a ragged batch of prompts (token-id lists, or strings when the target has
+    a tokenizer; `out.text` then holds the decoded continuations).
+
+    Greedy output with any drafter equals plain greedy output token for token; sampled
+    output is distributed exactly as the target's (speculative rejection sampling).
+    The keyword form of the earlier API (`generate(model, prompts, max_new_tokens=..,
+    temperature=..)`) still works for one release, with a DeprecationWarning.
+    """
+    if legacy or isinstance(config, int):
+        from specjax.legacy import legacy_config
+
+        config = legacy_config(config, legacy, "generate(model, prompts, max_new_tokens=..., ...)")
+    return prepare(target, prompts, config, draft=draft, speculative=speculative).run()
+
+
+def init_state(
+    target: Model,
+    prompts,
+    config: GenerationConfig | None = None,
+    *,
+    draft: Model | Drafter | None = None,
+    speculative: SpeculativeConfig | None = None,
+) -> LoopState:
+    """Prefill and return the state before the first round, holding exactly the caller's rows
+    (no batch-bucket padding), so its arrays and `state_output` read row for row. Drive it
+    with `state = step(target, state, draft=...)`: what `generate` does in one compiled loop."""
+    import jax.numpy as jnp
+
+    config, drafter, speculative = _resolve(target, config, draft, speculative)
+    batch, plan, weights, costs = plan_generation(target, prompts, config, drafter, speculative)
+    prompt, prompt_lengths, done, eos, rng = batch.loop_inputs(config.eos_token_id, config.seed, padded=False)
+    return jit_init_state(
+        target.params, weights, prompt, prompt_lengths, jnp.int32(config.max_new_tokens), eos, rng, plan=plan,
+        cache_length=batch.cache_length, done=done, costs=costs,
+    )  # fmt: skip
+
+
+def step(target: Model, state: LoopState, *, draft: Model | Drafter | None = None) -> LoopState:
+    """One jitted round (a plain step, or draft, verify, commit per row). `state` is donated.
+    `draft` must be the drafter the state was initialised with (its weights are read here)."""
+    expected = state.plan.drafter
+    if (draft is None) != (expected is None):
+        raise ValueError(
+            "this state decodes plainly: pass no draft"
+            if expected is None
+            else f"this state was initialised with drafter {expected!r}: pass it as draft="
+        )
+    drafter = None if draft is None else as_drafter(draft)
+    if drafter is not None and drafter.without_weights() != expected:
+        raise ValueError(f"state was initialised with drafter {expected!r}, not {drafter.without_weights()!r}")
+    return jit_round(target.params, None if drafter is None else drafter.weights(), state)
+
+
+def state_output(state: LoopState) -> GenerationOutput:
+    """Tokens and statistics of a (possibly unfinished) state."""
+    return _state_output(state)

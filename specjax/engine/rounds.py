@@ -1,0 +1,72 @@
+"""The rounds of the loop: a plain step and a chain of K (a tree round is in tree_round.py).
+
+Every round is a pure function (target params, drafter weights, LoopState) -> LoopState with
+static shapes, and ends in `finish_round` (state.py). Per-row variable acceptance is carried
+by counts and masks, and rollback is a length change.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from specjax.engine.loop import gather_tokens
+from specjax.engine.sampling import probabilities, select
+from specjax.engine.state import LoopState, draft_context, finish_round
+from specjax.models import forward
+
+
+def plain_round(target_params, draft_weights, state: LoopState) -> LoopState:
+    """One target forward of width 1 at position L - 1 and one token drawn from it: plain
+    decoding, and adaptive speculation's K = 0 (whose drafter sees a round that accepted
+    nothing)."""
+    plan = state.plan
+    rng, key = jax.random.split(state.rng)
+    positions = state.lengths[:, None] - 1  # [B, 1]
+    wants = plan.wants_features
+    tokens = gather_tokens(state.tokens, positions)
+    out = forward(plan.target, target_params, tokens, positions, state.target_cache, features=wants)
+    logits, target_cache = out[:2]  # [B, 1, V]
+    token = select(key, logits[:, 0], plan.sampling)  # [B]
+    none = jnp.zeros_like(state.lengths)
+    update = None
+    if plan.drafter is not None:
+        ctx = draft_context(state, target_params)
+
+        def update(tokens, lengths, done):
+            after = ctx.replace(tokens=tokens, lengths=lengths, done=done, features=out[2] if wants else None)
+            return plan.drafter.update(draft_weights, state.draft_state, after, none)
+
+    return finish_round(state, token[:, None], none, target_cache, rng, update)
+
+
+def chain_round(target_params, draft_weights, state: LoopState) -> LoopState:
+    """One chain round: K drafts, a verify of width K + 1, the acceptance rule, the commit."""
+    plan = state.plan
+    k = plan.num_speculative_tokens
+    rng, draft_key, accept_key = jax.random.split(state.rng, 3)
+    lengths = state.lengths  # L: the token at L - 1 is committed but not yet verified past
+    ctx = draft_context(state, target_params)
+    proposal, draft_state = plan.drafter.propose(draft_weights, state.draft_state, ctx, draft_key)
+    drafts = proposal.tokens  # [B, K]
+
+    # Verify, width K + 1: [token at L-1, d_1..d_K] at positions L-1..L+K-1. Output i is
+    # the target's distribution p_{i+1} for the token at position L+i.
+    positions = lengths[:, None] - 1 + jnp.arange(k + 1)  # [B, K+1]
+    verify_tokens = jnp.concatenate([gather_tokens(state.tokens, positions[:, :1]), drafts], axis=1)
+    wants = plan.wants_features
+    out = forward(plan.target, target_params, verify_tokens, positions, state.target_cache, features=wants)
+    logits, target_cache = out[:2]  # features: out[2], [B, K+1, D] at positions L-1..L+K-1
+    p = logits if plan.sampling.greedy else probabilities(logits, plan.sampling)
+    num_accepted, next_token = plan.rule(accept_key, drafts, p, proposal.q)  # [B], [B]
+
+    # Candidates [d_1..d_n, next, ...]: the first n + 1 count (before EOS/max cuts).
+    j = jnp.arange(k + 1)[None, :]
+    padded = jnp.concatenate([drafts, jnp.zeros_like(drafts[:, :1])], axis=1)
+    candidates = jnp.where(j == num_accepted[:, None], next_token[:, None], padded)
+
+    def update(tokens, lengths, done):
+        after = ctx.replace(tokens=tokens, lengths=lengths, done=done, features=out[2] if wants else None)
+        return plan.drafter.update(draft_weights, draft_state, after, num_accepted)
+
+    return finish_round(state, candidates, num_accepted, target_cache, rng, update)
