@@ -1,9 +1,9 @@
 """The draft-head networks: EAGLE's one-layer head and Medusa's heads, as pure functions.
 
 Parameter init, the forward passes and the teacher-forced / unrolled training passes live
-here; the drafters that run them inside a decoding round (specjax/drafters/eagle.py,
-medusa.py) and the training loop (specjax/training/heads.py) import them. Like the rest of
-models/, this file imports nothing from specjax.
+here; the drafters that run them inside a decoding round (drafters/eagle.py and
+drafters/medusa.py) and head training (training/heads.py) import them. Like the rest of
+models/, this file imports only jax, flax, numpy and its sibling modules.
 
 EAGLE-style head (Li et al. 2024): at position p the head reads x_p = fc([embed(token_p);
 f_{p-1}]), where f_{p-1} is the target's hidden state (the LM head's input) at p - 1, runs

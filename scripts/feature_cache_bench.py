@@ -31,10 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from specjax.models import full_forward, graphdef
+from specjax.models.heads import head_config, head_passes, target_logits
 
 from specjax.configs import load_config
-from specjax.drafters.eagle import head_config, head_passes
-from specjax.drafters.medusa import target_logits
 from specjax.io.presets import resolve_model
 from specjax.training.data import training_batch
 from specjax.training.heads import HeadTrainConfig, _kind, _step, eagle_objective

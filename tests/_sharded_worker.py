@@ -143,7 +143,7 @@ def check_loading(target, mesh) -> None:
     """load_model(mesh=) reads per-device slices and equals shard_model; init_model(mesh=) too."""
     import tempfile
 
-    from specjax.io.hf import _llama_family_fields
+    from specjax.io.hf_config import _llama_family_fields
     from specjax.io.hf_weights import SINGLE_FILE, write_params
     from specjax.parallel import loading
 

@@ -111,7 +111,7 @@ def test_drafter_and_prompt_config_errors_name_the_key():
         ({"draft": {"kind": "prompt_lookup", "max_ngrams": 3}}, r"unknown config key draft\.max_ngrams;"),
         ({"draft": {"kind": "prompt_lookupp"}}, r"draft: unknown drafter kind 'prompt_lookupp'"),
         ({"draft": {"kind": "prompt_lookup", "layers": 2}}, r"'prompt_lookup' takes max_ngram, min_ngram, prefer"),
-        ({"draft": {"kind": "layer_skip"}}, r"'layer_skip' takes catch_up, layers, tree_candidates \(layers req"),
+        ({"draft": {"kind": "layer_skip", "max_ngram": 2}}, r"'layer_skip' takes catch_up, layers, tree_candidates \("),
         ({"draft": {"kind": "prompt_lookup", "min_ngram": 4}}, r"draft: PromptLookup needs 1 <= min_ngram"),
         ({"draft": {"hidden_sizee": 8}}, r"unknown config key draft\.hidden_sizee;"),  # a ModelConfig mapping
         ({"prompts": [{"domain": "code"}, {"fiel": "x"}]}, r"unknown config key prompts\[1\]\.fiel;"),

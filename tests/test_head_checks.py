@@ -9,11 +9,10 @@ import json
 
 import pytest
 from conftest import TARGET_CONFIG, scaled_model
+from specjax.models.heads import head_config, init_eagle_params, init_medusa_params
 
 import specjax
 from specjax.drafters import make_drafter, target_fingerprint
-from specjax.drafters.eagle import head_config, init_eagle_params
-from specjax.drafters.medusa import init_medusa_params
 from specjax.io.presets import RANDOM_PRESETS
 
 THREE = TARGET_CONFIG.replace(num_hidden_layers=3)

@@ -13,12 +13,12 @@ import torch
 from conftest import RAGGED_PROMPTS, TARGET_CONFIG, scaled_model
 from flax import nnx
 from specjax.models import forward, full_forward, graphdef
+from specjax.models.heads import head_config, head_passes, init_eagle_params
 from test_families import HF_CONFIGS as FAMILY_CONFIGS
 from test_hf_interop import HF_CONFIGS as INTEROP_CONFIGS
 from test_hf_interop import make_hf, save_hf
 
 import specjax
-from specjax.drafters.eagle import head_config, head_passes, init_eagle_params
 from specjax.engine.loop import CacheConfig, prefill
 from specjax.training.heads import eagle_loss
 from specjax.trees import Tree

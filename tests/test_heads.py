@@ -12,12 +12,11 @@ import numpy as np
 import pytest
 from conftest import RAGGED_PROMPTS, TARGET_CONFIG, kill_after_checkpoint, scaled_model
 from specjax.models import full_forward
+from specjax.models.heads import head_config, init_eagle_params, init_medusa_params
 
 import specjax
 from specjax.bench.distribution import chi_square_p_value
 from specjax.configs import dump_config, load_config
-from specjax.drafters.eagle import head_config, init_eagle_params
-from specjax.drafters.medusa import init_medusa_params
 from specjax.engine.acceptance import always_accept_rule
 from specjax.io.tokenizer import ByteTokenizer
 from specjax.training.data import training_batch

@@ -18,16 +18,10 @@ import dataclasses
 from collections.abc import Callable
 
 from specjax.configs import from_dict
-from specjax.drafters import KINDS, Drafter, DraftModel, make_drafter
+from specjax.drafters import Drafter, DraftModel, PromptLookup, make_drafter
+from specjax.drafters.registry import lookup
 from specjax.io.model import Model
 from specjax.models import ModelConfig
-
-# Kinds make_drafter builds itself rather than from KINDS: (allowed keys, required keys).
-_COMPOSED = {
-    "draft_model": ({"model"}, {"model"}),
-    "fallback": ({"first", "then"}, {"first", "then"}),
-    "head": ({"path", "allow_transfer"}, {"path"}),
-}
 
 
 class Raw:
@@ -47,6 +41,7 @@ class DrafterSpec:
     prefer: str | None = None  # prompt_lookup: "latest" or "earliest"
     layers: int | None = None  # layer_skip
     catch_up: int | None = None  # layer_skip
+    tree_candidates: str | None = None  # layer_skip
     model: str | ModelConfig | None = None  # draft_model
     first: DrafterSpec | str | None = None  # fallback
     then: DrafterSpec | str | None = None  # fallback
@@ -56,23 +51,9 @@ class DrafterSpec:
     def __post_init__(self):
         kind = self.kind.replace("-", "_")
         object.__setattr__(self, "kind", kind)
-        if kind in _COMPOSED:
-            allowed, required = _COMPOSED[kind]
-        elif kind in KINDS:
-            fields = [f for f in dataclasses.fields(KINDS[kind]) if f.init]
-            allowed = {f.name for f in fields}
-            required = {f.name for f in fields if f.default is f.default_factory is dataclasses.MISSING}
-        else:
-            known = ", ".join(sorted([*KINDS, *_COMPOSED]))
-            raise ValueError(f"unknown drafter kind {self.kind!r}; known kinds: {known}")
-        given = set(self.arguments())
-        if given - allowed or required - given:
-            raise ValueError(
-                f"drafter kind {kind!r} takes {', '.join(sorted(allowed))} ({', '.join(sorted(required)) or 'none'} "
-                f"required), got {', '.join(sorted(given)) or 'none'}"
-            )
-        if kind in KINDS:
-            KINDS[kind](**self.arguments())  # value checks (e.g. min_ngram <= max_ngram) now, not mid-run
+        name, _ = lookup(kind, self.arguments())
+        if name == "prompt_lookup":
+            PromptLookup(**self.arguments())  # value checks (e.g. min_ngram <= max_ngram) now, not mid-run
 
     def arguments(self) -> dict:
         """The arguments that were set, nested specs as mappings: what make_drafter takes."""

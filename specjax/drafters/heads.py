@@ -23,11 +23,12 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from specjax.drafters.base import Drafter
-from specjax.drafters.eagle import Eagle, head_config
+from specjax.drafters.eagle import Eagle
 from specjax.drafters.medusa import Medusa
 from specjax.io.embedded import embedded_path
 from specjax.io.model import Model
 from specjax.models import ModelConfig
+from specjax.models.heads import head_config
 
 FORMAT = "specjax-drafter-1"
 _CONFIG = "drafter.json"

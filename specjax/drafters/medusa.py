@@ -7,6 +7,7 @@ correction/bonus token every round ends with. So a round starting at length L (t
 to L - 1 committed) proposes positions L..L+K-1 from h at L - 2, the last position the
 previous verify pass computed, and drafting costs one tiny matmul per head and no extra
 target pass: the verify pass's hidden states come free (forward(..., features=True)).
+The heads' network (init and `medusa_hidden`) lives in specjax/models/heads.py.
 
 With a tree, depth d takes head d's candidates (the top-ranked tokens, or i.i.d. draws
 under sampling), whatever the parent: Medusa's Cartesian-product trees.
@@ -25,31 +26,12 @@ from flax import struct
 from specjax.drafters.base import DraftContext, Drafter, Proposal, TreeProposal
 from specjax.engine.sampling import probabilities, sample
 from specjax.models import ModelConfig
+from specjax.models.heads import medusa_hidden, target_logits
 
 
 @struct.dataclass
 class MedusaState:
     feature: jax.Array  # [B, D]: the target's hidden state at position lengths - 2
-
-
-def target_logits(config: ModelConfig, params: dict, hidden: jax.Array) -> jax.Array:
-    """The target's LM head on hidden states [..., D] -> float32 logits [..., V]."""
-    if config.tie_word_embeddings:
-        return jnp.einsum("...d,vd->...v", hidden, params["embed"]).astype(jnp.float32)
-    return jnp.einsum("...d,dv->...v", hidden, params["lm_head"]).astype(jnp.float32)
-
-
-def init_medusa_params(hidden_size: int, num_heads: int, seed: int = 0, dtype=jnp.float32) -> dict:
-    """Zero-initialised heads start as the target's LM head itself (Medusa's initialisation),
-    plus a little noise so that heads differ."""
-    w = 1e-3 * jax.random.normal(jax.random.key(seed), (num_heads, hidden_size, hidden_size), dtype)
-    return {"w": w, "b": jnp.zeros((num_heads, hidden_size), dtype)}
-
-
-def medusa_hidden(params: dict, feature: jax.Array) -> jax.Array:
-    """feature [B, D] -> every head's hidden state [B, H, D]."""
-    h = jnp.einsum("bd,hde->bhe", feature, params["w"].astype(feature.dtype)) + params["b"].astype(feature.dtype)
-    return feature[:, None, :] + jax.nn.silu(h)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,15 @@
-"""The byte-level tokenizer of specjax's own models, with the interface HF tokenizers have."""
+"""The byte-level tokenizer of specjax's own models, with the interface HF tokenizers have,
+and the tokenizer files of a Hugging Face model directory (`load_tokenizer`,
+`save_byte_tokenizer`: a ByteTokenizer saved as files transformers loads)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+BYTE_TOKENIZER_KEY = "specjax_tokenizer"  # config.json marker: the model uses specjax's ByteTokenizer
+_BYTE_SPECIALS = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}
 
 
 class ByteTokenizer:
@@ -47,3 +56,58 @@ class ByteTokenizer:
 
     def __repr__(self) -> str:
         return "ByteTokenizer(vocab_size=259)"
+
+
+def load_tokenizer(directory: Path, hf: dict):
+    """The tokenizer of the model directory whose config.json is `hf`: a ByteTokenizer when
+    config.json says so, an HF AutoTokenizer when the directory has tokenizer files, else None."""
+    marker = hf.get(BYTE_TOKENIZER_KEY)
+    if marker is not None:
+        if marker != "bytes":
+            raise ValueError(f"{directory / 'config.json'}: unknown {BYTE_TOKENIZER_KEY} {marker!r} (known: 'bytes')")
+        return ByteTokenizer()
+    if not any((directory / name).is_file() for name in _TOKENIZER_FILES):
+        return None
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(str(directory))
+
+
+def _byte_level_chars() -> list[str]:
+    """The printable stand-in character of each byte 0..255 (GPT-2's byte-level alphabet)."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    stand_ins = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(stand_ins)) for b in range(256)]
+
+
+def save_byte_tokenizer(out_dir: str | Path, max_length: int) -> None:
+    """Write tokenizer files that transformers' AutoTokenizer loads as a copy of ByteTokenizer.
+
+    A BPE over the 256 byte characters with no merges gives one id per byte, in byte
+    order; the specials take 256..258. `add_special_tokens=True` prepends <bos>, as
+    ByteTokenizer does, and special-token text in the input is encoded as plain bytes.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    byte_tok = ByteTokenizer()
+    vocab = {c: i for i, c in enumerate(_byte_level_chars())}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(s, special=True) for s in _BYTE_SPECIALS.values()])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", byte_tok.bos_token_id)]
+    )
+    assert [tok.token_to_id(s) for s in _BYTE_SPECIALS.values()] == [256, 257, 258], "special ids drifted"
+    out = Path(out_dir)
+    tok.save(str(out / "tokenizer.json"))
+    tokenizer_config = {
+        # The class name both transformers 4.x and 5.x resolve to their tokenizers-backed class.
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **_BYTE_SPECIALS,
+        "clean_up_tokenization_spaces": False,
+        "split_special_tokens": True,
+        "model_max_length": max_length,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+    (out / "special_tokens_map.json").write_text(json.dumps(_BYTE_SPECIALS, indent=2) + "\n")

@@ -32,11 +32,20 @@ from tqdm.auto import tqdm
 
 from specjax.api import generate
 from specjax.config import GenerationConfig, SpeculativeConfig
-from specjax.drafters.eagle import Eagle, head_config, init_eagle_params, teacher_forced, unrolled
+from specjax.drafters.eagle import Eagle
 from specjax.drafters.heads import save_drafter
-from specjax.drafters.medusa import Medusa, init_medusa_params, medusa_hidden, target_logits
+from specjax.drafters.medusa import Medusa
 from specjax.io.model import Model
 from specjax.models import ModelConfig, feature_layers, full_forward
+from specjax.models.heads import (
+    head_config,
+    init_eagle_params,
+    init_medusa_params,
+    medusa_hidden,
+    target_logits,
+    teacher_forced,
+    unrolled,
+)
 from specjax.training.data import DataConfig, held_out_prompts, training_batch
 from specjax.training.runs import open_run, resume_or_start
 from specjax.training.train import OptimConfig, make_optimizer
@@ -54,7 +63,7 @@ class EagleHeadConfig:
     feature_weight: float = 1.0
     token_weight: float = 0.1
     # () reads the final-norm feature (EAGLE); block indices (low, mid, high) read those
-    # blocks' outputs concatenated (EAGLE-3), and training unrolls one step (eagle.unrolled).
+    # blocks' outputs concatenated (EAGLE-3), and training unrolls one step (models/heads.py unrolled).
     feature_layers: tuple[int, ...] = ()
 
 
