@@ -79,7 +79,9 @@ def test_text_in_text_out():
     from specjax.io.presets import resolve_model
 
     target, draft = resolve_model("random-target"), resolve_model("random-draft", seed=1)
-    out = specjax.speculative_generate(target, draft, ["def f(", "import"], num_speculative_tokens=2, max_new_tokens=5)
+    config = specjax.GenerationConfig(max_new_tokens=5)
+    speculative = specjax.SpeculativeConfig(num_speculative_tokens=2)
+    out = specjax.generate(target, ["def f(", "import"], config, draft=draft, speculative=speculative)
     assert out.text == [target.tokenizer.decode(t) for t in out.tokens]
-    single = specjax.generate(target, "def f(", max_new_tokens=5)
+    single = specjax.generate(target, "def f(", config)
     assert single.tokens == out.tokens[:1]

@@ -17,6 +17,11 @@ from specjax.engine.acceptance import always_accept_rule
 # Prompts with repeats, so prompt lookup has something to find, plus the ragged set.
 PROMPTS = [*RAGGED_PROMPTS, [5, 6, 7, 5, 6, 7, 5], [9, 9, 9, 9]]
 NEW = 24
+GREEDY = specjax.GenerationConfig(max_new_tokens=NEW)
+
+
+def _k(k: int, **fields) -> specjax.SpeculativeConfig:
+    return specjax.SpeculativeConfig(num_speculative_tokens=k, **fields)
 
 
 def _drafters(noisy_draft, small_draft):
@@ -47,13 +52,13 @@ def drafters(noisy_draft, small_draft):
 
 @pytest.fixture(scope="module")
 def plain(target):
-    return specjax.generate(target, PROMPTS, max_new_tokens=NEW)
+    return specjax.generate(target, PROMPTS, GREEDY)
 
 
 @pytest.mark.parametrize("k", [1, 2, 5, 8])
 @pytest.mark.parametrize("name", DRAFTER_NAMES)
 def test_greedy_equals_plain_greedy(target, drafters, plain, name, k):
-    out = specjax.speculative_generate(target, drafters[name], PROMPTS, num_speculative_tokens=k, max_new_tokens=NEW)
+    out = specjax.generate(target, PROMPTS, GREEDY, draft=drafters[name], speculative=_k(k))
     assert out.tokens == plain.tokens
     s = out.stats
     assert s.drafted_tokens == k * s.rounds
@@ -64,59 +69,57 @@ def test_greedy_equals_plain_greedy(target, drafters, plain, name, k):
 @pytest.mark.parametrize("name", DRAFTER_NAMES)
 def test_drafters_are_partially_accepted(target, drafters, name):
     """The equality tests must exercise both acceptances and rejections for every drafter."""
-    out = specjax.speculative_generate(target, drafters[name], PROMPTS, num_speculative_tokens=3, max_new_tokens=NEW)
+    out = specjax.generate(target, PROMPTS, GREEDY, draft=drafters[name], speculative=_k(3))
     assert 0.0 < out.stats.acceptance_rate < 1.0
 
 
 @pytest.mark.parametrize("name", DRAFTER_NAMES)
 def test_eos_cuts_rows_at_different_rounds(target, drafters, name):
     """An EOS that some rows emit early and others never: each row stops on its own."""
-    plain = specjax.generate(target, PROMPTS, max_new_tokens=NEW)
+    plain = specjax.generate(target, PROMPTS, GREEDY)
     counts = {}
     for row in plain.tokens:
         for t in set(row[2:12]):
             counts[t] = counts.get(t, 0) + 1
     eos = max(counts, key=lambda t: (0 < counts[t] < len(PROMPTS), counts[t]))
-    expected = specjax.generate(target, PROMPTS, max_new_tokens=NEW, eos_token_id=eos)
+    config = GREEDY.replace(eos_token_id=eos)
+    expected = specjax.generate(target, PROMPTS, config)
     lengths = {len(t) for t in expected.tokens}
     assert len(lengths) > 1 and min(lengths) < NEW, "the EOS must cut some rows and not others"
-    out = specjax.speculative_generate(
-        target, drafters[name], PROMPTS, num_speculative_tokens=4, max_new_tokens=NEW, eos_token_id=eos
-    )
+    out = specjax.generate(target, PROMPTS, config, draft=drafters[name], speculative=_k(4))
     assert out.tokens == expected.tokens
 
 
 @pytest.mark.parametrize("name", ["prompt_lookup", "layer_skip", "lookup_then_model"])
 def test_batched_equals_per_row(target, drafters, name):
-    batched = specjax.speculative_generate(target, drafters[name], PROMPTS, num_speculative_tokens=3, max_new_tokens=16)
+    config = GREEDY.replace(max_new_tokens=16)
+    batched = specjax.generate(target, PROMPTS, config, draft=drafters[name], speculative=_k(3))
     for prompt, tokens in zip(PROMPTS, batched.tokens, strict=True):
-        alone = specjax.speculative_generate(
-            target, drafters[name], [prompt], num_speculative_tokens=3, max_new_tokens=16
-        )
+        alone = specjax.generate(target, [prompt], config, draft=drafters[name], speculative=_k(3))
         assert alone.tokens == [tokens]
 
 
 def test_stepping_rounds_with_a_drafter(target, plain):
     lookup = specjax.PromptLookup()
-    state = specjax.init_speculative_state(target, lookup, PROMPTS, num_speculative_tokens=3, max_new_tokens=NEW)
+    state = specjax.init_state(target, PROMPTS, GREEDY, draft=lookup, speculative=_k(3))
     while not bool(state.done.all()):
-        state = specjax.speculative_step(target, lookup, state)
+        state = specjax.step(target, state, draft=lookup)
     out = specjax.state_output(state)
     assert out.tokens == plain.tokens
     assert out.stats.drafter["no_match_rounds"] > 0
 
 
 def test_stepping_with_another_drafter_is_an_error(target, small_draft):
-    state = specjax.init_speculative_state(target, specjax.PromptLookup(), PROMPTS, num_speculative_tokens=3)
+    state = specjax.init_state(target, PROMPTS, draft=specjax.PromptLookup(), speculative=_k(3))
     with pytest.raises(ValueError, match="initialised with drafter"):
-        specjax.speculative_step(target, specjax.DraftModel(small_draft), state)
+        specjax.step(target, state, draft=specjax.DraftModel(small_draft))
 
 
 def test_no_match_rounds_are_counted(target):
     """Distinct prompt tokens and K=1: the first round of every row has nothing to match."""
     prompts = [[1, 2, 3], [4, 5, 6, 7]]
-    out = specjax.speculative_generate(
-        target, specjax.PromptLookup(), prompts, num_speculative_tokens=1, max_new_tokens=1
+    out = specjax.generate(
+        target, prompts, specjax.GenerationConfig(max_new_tokens=1), draft=specjax.PromptLookup(), speculative=_k(1)
     )
     assert out.stats.drafter == {"kind": "prompt_lookup", "no_match_rounds": 2}
 
@@ -125,14 +128,14 @@ def test_layer_skip_and_draft_model_errors(target, small_draft):
     with pytest.raises(
         ValueError, match=r"LayerSkip\(layers=2\) needs 0 < layers < the target's num_hidden_layers \(2\)"
     ):
-        specjax.speculative_generate(target, specjax.LayerSkip(layers=2), PROMPTS)
+        specjax.generate(target, PROMPTS, draft=specjax.LayerSkip(layers=2))
     other_vocab = specjax.init_model(TARGET_CONFIG.replace(vocab_size=40), 0)
     with pytest.raises(ValueError, match="share a vocabulary"):
-        specjax.speculative_generate(target, other_vocab, PROMPTS)
+        specjax.generate(target, PROMPTS, draft=other_vocab)
     with pytest.raises(ValueError, match="min_ngram <= max_ngram"):
         specjax.PromptLookup(max_ngram=1, min_ngram=2)
     with pytest.raises(TypeError, match="Model or a Drafter"):
-        specjax.speculative_generate(target, "stdlib-draft", PROMPTS)
+        specjax.generate(target, PROMPTS, draft="stdlib-draft")
 
 
 def test_model_drafter_behind_another_catches_up_k_plus_1_tokens(target):
@@ -144,8 +147,10 @@ def test_model_drafter_behind_another_catches_up_k_plus_1_tokens(target):
     a cache whose lengths claim K/V it never received is not repaired and reads stale slots."""
     k = 3
     prompt = [1, 2, 3, 4, 5]
-    continuation = specjax.generate(target, [prompt], max_new_tokens=2 * k + 1).tokens[0]
-    state = specjax.init_speculative_state(target, target, [prompt], num_speculative_tokens=k, max_new_tokens=16)
+    continuation = specjax.generate(target, [prompt], specjax.GenerationConfig(max_new_tokens=2 * k + 1)).tokens[0]
+    state = specjax.init_state(
+        target, [prompt], specjax.GenerationConfig(max_new_tokens=16), draft=target, speculative=_k(k)
+    )
     committed = prompt + continuation[: k + 1]
     ctx = DraftContext(
         tokens=state.tokens.at[0, : len(committed)].set(jnp.asarray(committed)),
@@ -174,7 +179,7 @@ def test_layer_skip_reads_the_targets_params_without_copies(target):
     the draft follows each target's own weights (its layers are never baked in)."""
     other = scaled_model(TARGET_CONFIG, seed=7)
     for model in (target, other):
-        out = specjax.speculative_generate(model, specjax.LayerSkip(1), PROMPTS, num_speculative_tokens=3)
+        out = specjax.generate(model, PROMPTS, draft=specjax.LayerSkip(1), speculative=_k(3))
         assert out.tokens == specjax.generate(model, PROMPTS).tokens
 
 
@@ -183,7 +188,12 @@ def test_layer_skip_reads_the_targets_params_without_copies(target):
 VOCAB8 = TARGET_CONFIG.replace(vocab_size=8)
 SAMPLE_PROMPT = [1, 2, 3, 1, 2]  # lookup proposes [3, 1, 2, ...] on the first round
 SAMPLES = 6000
-SAMPLINGS = {"t1": dict(temperature=1.0), "t0.7_topk5_topp0.9": dict(temperature=0.7, top_k=5, top_p=0.9)}
+SAMPLINGS = {
+    "t1": specjax.GenerationConfig(max_new_tokens=3, do_sample=True, temperature=1.0),
+    "t0.7_topk5_topp0.9": specjax.GenerationConfig(
+        max_new_tokens=3, do_sample=True, temperature=0.7, top_k=5, top_p=0.9
+    ),
+}
 
 
 def two_sample_p_value(a: np.ndarray, b: np.ndarray) -> float:
@@ -210,8 +220,8 @@ def pair8():
 def plain_samples(pair8):
     target, _ = pair8
     samples = {}
-    for name, kwargs in SAMPLINGS.items():
-        out = specjax.generate(target, [SAMPLE_PROMPT] * SAMPLES, max_new_tokens=3, seed=11, **kwargs)
+    for name, config in SAMPLINGS.items():
+        out = specjax.generate(target, [SAMPLE_PROMPT] * SAMPLES, config.replace(seed=11))
         samples[name] = np.asarray(out.tokens)
     return samples
 
@@ -230,15 +240,12 @@ def test_sampling_matches_plain_sampling(pair8, plain_samples, name, sampling_na
         "layer_skip": specjax.LayerSkip(layers=1),
         "lookup_then_model": specjax.Fallback(specjax.PromptLookup(max_ngram=2), specjax.DraftModel(draft)),
     }[name]
-    out = specjax.speculative_generate(
+    out = specjax.generate(
         target,
-        drafter,
         [SAMPLE_PROMPT] * SAMPLES,
-        num_speculative_tokens=2,
-        max_new_tokens=3,
-        seed=1,
-        rule=None if rule_name == "exact" else always_accept_rule,
-        **SAMPLINGS[sampling_name],
+        SAMPLINGS[sampling_name].replace(seed=1),
+        draft=drafter,
+        speculative=_k(2, rule=None if rule_name == "exact" else always_accept_rule),
     )
     p_value = two_sample_p_value(_joint(np.asarray(out.tokens)), _joint(plain_samples[sampling_name]))
     if rule_name == "exact":
@@ -252,6 +259,6 @@ def test_fallback_takes_a_model_as_a_drafter(target, small_draft, plain):
     """A Model is accepted wherever a drafter is: Fallback drafts with it as a DraftModel."""
     drafter = specjax.Fallback(specjax.PromptLookup(), small_draft)
     assert drafter == specjax.Fallback(specjax.PromptLookup(), specjax.DraftModel(small_draft))
-    out = specjax.speculative_generate(target, drafter, PROMPTS, num_speculative_tokens=3, max_new_tokens=NEW)
+    out = specjax.generate(target, PROMPTS, GREEDY, draft=drafter, speculative=_k(3))
     assert out.tokens == plain.tokens
     assert set(out.stats.drafter) == {"kind", "first.no_match_rounds"}

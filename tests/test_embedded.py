@@ -28,6 +28,9 @@ def test_trained_pair_agrees_on_held_out_code(pair):
     """A trained draft tracks its target: far above the ~1.0 of an unrelated random pair."""
     target, draft = pair
     prompts = held_out_prompts("code", 4)
-    out = specjax.speculative_generate(target, draft, prompts, num_speculative_tokens=4, max_new_tokens=32)
+    config = specjax.GenerationConfig(max_new_tokens=32)
+    out = specjax.generate(
+        target, prompts, config, draft=draft, speculative=specjax.SpeculativeConfig(num_speculative_tokens=4)
+    )
     assert out.stats.mean_acceptance_length > 2.0
-    assert out.tokens == specjax.generate(target, prompts, max_new_tokens=32).tokens
+    assert out.tokens == specjax.generate(target, prompts, config).tokens

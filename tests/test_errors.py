@@ -10,11 +10,12 @@ import specjax
 PROMPTS = [[1, 2, 3]]
 
 
-def _spec(target, draft, **kwargs):
-    args = dict(num_speculative_tokens=2, max_new_tokens=4)
-    args.update(kwargs)
-    prompts = args.pop("prompts", PROMPTS)
-    return specjax.speculative_generate(target, draft, prompts, **args)
+def _spec(target, draft, prompts=PROMPTS, num_speculative_tokens=2, max_new_tokens=4, temperature=0.0, **sampling):
+    """Builds the settings here, inside the caller's pytest.raises: K, max_new_tokens, temperature, top_k and
+    top_p are checked by SpeculativeConfig / GenerationConfig themselves, prompts and models by generate."""
+    config = specjax.GenerationConfig.at_temperature(temperature, max_new_tokens=max_new_tokens, **sampling)
+    speculative = specjax.SpeculativeConfig(num_speculative_tokens=num_speculative_tokens)
+    return specjax.generate(target, prompts, config, draft=draft, speculative=speculative)
 
 
 @pytest.mark.parametrize(
@@ -45,7 +46,7 @@ def test_speculative_generate_rejects(target, kwargs, message):
 
 def test_prompt_plus_headroom_counts_k(target):
     # 200 + 50 = 250 fits 256 for plain decoding, but not with K + 1 = 7 slots of headroom.
-    specjax.generate(target, [[1] * 200], max_new_tokens=50)
+    specjax.generate(target, [[1] * 200], specjax.GenerationConfig(max_new_tokens=50))
     with pytest.raises(ValueError, match=r"headroom \(7\)"):
         _spec(target, target, prompts=[[1] * 200], max_new_tokens=50, num_speculative_tokens=6)
 
@@ -66,7 +67,7 @@ def test_vocab_mismatch(target):
 )
 def test_generate_rejects(target, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        specjax.generate(target, PROMPTS, **kwargs)
+        specjax.generate(target, PROMPTS, specjax.GenerationConfig.at_temperature(**kwargs))
 
 
 def test_bad_model_configs():

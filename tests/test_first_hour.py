@@ -127,12 +127,14 @@ def test_the_summary_adds_up(capsys):
 def test_stats_reconcile_with_eos(target, noisy_draft):
     draft = noisy_draft
     prompts = [[1, 2, 3], [4, 5]]
-    free = specjax.generate(target, prompts, max_new_tokens=12)
+    config = specjax.GenerationConfig(max_new_tokens=12)
+    free = specjax.generate(target, prompts, config)
     eos = free.tokens[0][3]  # a token row 0 emits: it stops there
+    config = config.replace(eos_token_id=eos)
     for out in (
-        specjax.generate(target, prompts, max_new_tokens=12, eos_token_id=eos),
-        specjax.speculative_generate(
-            target, draft, prompts, num_speculative_tokens=3, max_new_tokens=12, eos_token_id=eos
+        specjax.generate(target, prompts, config),
+        specjax.generate(
+            target, prompts, config, draft=draft, speculative=specjax.SpeculativeConfig(num_speculative_tokens=3)
         ),
     ):
         s = out.stats
@@ -152,9 +154,9 @@ def test_warns_once_past_the_trained_context():
     short = replace(model, trained_context=8)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        specjax.generate(short, [[1, 2, 3]], max_new_tokens=4)  # 7 tokens: inside
-        specjax.generate(short, [[1, 2, 3]], max_new_tokens=6)  # 9: past it
-        specjax.generate(short, [[1, 2, 3]], max_new_tokens=6)  # again: already said
+        specjax.generate(short, [[1, 2, 3]], specjax.GenerationConfig(max_new_tokens=4))  # 7 tokens: inside
+        specjax.generate(short, [[1, 2, 3]], specjax.GenerationConfig(max_new_tokens=6))  # 9: past it
+        specjax.generate(short, [[1, 2, 3]], specjax.GenerationConfig(max_new_tokens=6))  # again: already said
     messages = [str(w.message) for w in caught if "trained on" in str(w.message)]
     assert len(messages) == 1 and "8-token windows" in messages[0]
     assert specjax.load_model("stdlib-target").trained_context == 256

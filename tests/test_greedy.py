@@ -8,10 +8,16 @@ from conftest import RAGGED_PROMPTS
 
 import specjax
 
+GREEDY = specjax.GenerationConfig(max_new_tokens=24)
+
+
+def _k(k: int) -> specjax.SpeculativeConfig:
+    return specjax.SpeculativeConfig(num_speculative_tokens=k)
+
 
 @pytest.fixture(scope="module")
 def plain(target):
-    return specjax.generate(target, RAGGED_PROMPTS, max_new_tokens=24)
+    return specjax.generate(target, RAGGED_PROMPTS, GREEDY)
 
 
 def test_plain_greedy_matches_argmax_of_full_forward(target, plain):
@@ -27,7 +33,7 @@ def test_plain_greedy_matches_argmax_of_full_forward(target, plain):
 @pytest.mark.parametrize("draft_name", ["noisy_draft", "small_draft"])
 def test_speculative_greedy_equals_plain_greedy(request, target, plain, draft_name, k):
     draft = request.getfixturevalue(draft_name)
-    out = specjax.speculative_generate(target, draft, RAGGED_PROMPTS, num_speculative_tokens=k, max_new_tokens=24)
+    out = specjax.generate(target, RAGGED_PROMPTS, GREEDY, draft=draft, speculative=_k(k))
     assert out.tokens == plain.tokens
     stats = out.stats
     assert stats.drafted_tokens == k * stats.rounds
@@ -39,13 +45,13 @@ def test_speculative_greedy_equals_plain_greedy(request, target, plain, draft_na
 
 def test_noisy_draft_is_partially_accepted(target, noisy_draft):
     """The equality tests above must exercise rejections, not only full acceptance."""
-    out = specjax.speculative_generate(target, noisy_draft, RAGGED_PROMPTS, num_speculative_tokens=3, max_new_tokens=24)
+    out = specjax.generate(target, RAGGED_PROMPTS, GREEDY, draft=noisy_draft, speculative=_k(3))
     assert 0.1 < out.stats.acceptance_rate < 0.9
 
 
 @pytest.mark.parametrize("k", [1, 4])
 def test_draft_equal_to_target_accepts_everything(target, plain, k):
-    out = specjax.speculative_generate(target, target, RAGGED_PROMPTS, num_speculative_tokens=k, max_new_tokens=24)
+    out = specjax.generate(target, RAGGED_PROMPTS, GREEDY, draft=target, speculative=_k(k))
     assert out.tokens == plain.tokens
     assert out.stats.acceptance_rate == 1.0
     assert out.stats.accepted_per_position == [1.0] * k
@@ -55,15 +61,13 @@ def test_draft_equal_to_target_accepts_everything(target, plain, k):
 
 
 def test_batched_equals_per_row(target, noisy_draft):
-    batched = specjax.speculative_generate(
-        target, noisy_draft, RAGGED_PROMPTS, num_speculative_tokens=3, max_new_tokens=20
-    )
+    config = GREEDY.replace(max_new_tokens=20)
+    batched = specjax.generate(target, RAGGED_PROMPTS, config, draft=noisy_draft, speculative=_k(3))
     for prompt, tokens in zip(RAGGED_PROMPTS, batched.tokens, strict=True):
-        alone = specjax.speculative_generate(target, noisy_draft, [prompt], num_speculative_tokens=3, max_new_tokens=20)
+        alone = specjax.generate(target, [prompt], config, draft=noisy_draft, speculative=_k(3))
         assert alone.tokens == [tokens]
     assert batched.stats.rounds == sum(
-        specjax.speculative_generate(target, noisy_draft, [p], num_speculative_tokens=3, max_new_tokens=20).stats.rounds
-        for p in RAGGED_PROMPTS
+        specjax.generate(target, [p], config, draft=noisy_draft, speculative=_k(3)).stats.rounds for p in RAGGED_PROMPTS
     )
 
 
@@ -72,12 +76,11 @@ def test_rows_stop_at_eos_while_others_continue(target, noisy_draft, plain, spec
     # Pick as EOS a token that row 0 emits early and row 1 never emits.
     eos = plain.tokens[0][3]
     assert eos not in plain.tokens[0][:3]
+    config = GREEDY.replace(eos_token_id=eos)
     if speculative:
-        out = specjax.speculative_generate(
-            target, noisy_draft, RAGGED_PROMPTS, num_speculative_tokens=3, max_new_tokens=24, eos_token_id=eos
-        )
+        out = specjax.generate(target, RAGGED_PROMPTS, config, draft=noisy_draft, speculative=_k(3))
     else:
-        out = specjax.generate(target, RAGGED_PROMPTS, max_new_tokens=24, eos_token_id=eos)
+        out = specjax.generate(target, RAGGED_PROMPTS, config)
     for generated, reference in zip(out.tokens, plain.tokens, strict=True):
         cut = reference.index(eos) + 1 if eos in reference else len(reference)
         assert generated == reference[:cut]
@@ -86,22 +89,20 @@ def test_rows_stop_at_eos_while_others_continue(target, noisy_draft, plain, spec
 
 def test_max_new_tokens_is_exact_for_every_row(target, noisy_draft):
     for n in (1, 2, 7):
-        out = specjax.speculative_generate(
-            target, noisy_draft, RAGGED_PROMPTS, num_speculative_tokens=4, max_new_tokens=n
+        out = specjax.generate(
+            target, RAGGED_PROMPTS, GREEDY.replace(max_new_tokens=n), draft=noisy_draft, speculative=_k(4)
         )
         assert [len(t) for t in out.tokens] == [n] * len(RAGGED_PROMPTS)
 
 
 def test_driving_rounds_one_by_one(target, noisy_draft, plain):
-    """speculative_step is the loop body: stepping it by hand gives generate's result."""
+    """step is the loop body: stepping it by hand gives generate's result."""
     k = 3
-    state = specjax.init_speculative_state(
-        target, noisy_draft, RAGGED_PROMPTS, num_speculative_tokens=k, max_new_tokens=24
-    )
+    state = specjax.init_state(target, RAGGED_PROMPTS, GREEDY, draft=noisy_draft, speculative=_k(k))
     rounds = 0
     while not bool(state.done.all()):
         before = np.asarray(state.lengths)
-        state = specjax.speculative_step(target, noisy_draft, state)
+        state = specjax.step(target, state, draft=noisy_draft)
         after = np.asarray(state.lengths)
         live = after > before
         assert np.all((after - before)[live] <= k + 1)

@@ -24,7 +24,8 @@ def _example_namespace() -> dict:
 
 def test_readme_drafter_is_exact_and_learns_from_its_table(target):
     bigram = _example_namespace()["BigramDrafter"]
-    plain = specjax.generate(target, RAGGED_PROMPTS, max_new_tokens=16)
+    config = specjax.GenerationConfig(max_new_tokens=16)
+    plain = specjax.generate(target, RAGGED_PROMPTS, config)
     # A table fitted to the target's own greedy outputs (the last seen successor of each
     # token) is often right; the same table shifted by one is almost never right.
     vocab = target.config.vocab_size
@@ -36,7 +37,8 @@ def test_readme_drafter_is_exact_and_learns_from_its_table(target):
     bad = bigram(table=jnp.asarray((fitted + 1) % vocab, jnp.int32))
     results = {}
     for name, drafter in (("good", good), ("bad", bad)):
-        out = specjax.speculative_generate(target, drafter, RAGGED_PROMPTS, num_speculative_tokens=3, max_new_tokens=16)
+        speculative = specjax.SpeculativeConfig(num_speculative_tokens=3)
+        out = specjax.generate(target, RAGGED_PROMPTS, config, draft=drafter, speculative=speculative)
         assert out.tokens == plain.tokens
         assert out.stats.drafter == {"kind": "bigram"}
         results[name] = out.stats.acceptance_rate

@@ -22,6 +22,11 @@ from specjax.trees import Tree, tree_greedy_rule, tree_no_residual_rule, tree_re
 
 P_VALUE_PASS = 1e-3
 P_VALUE_FAIL = 1e-8
+GREEDY = specjax.GenerationConfig(max_new_tokens=24)
+
+
+def _tree(tree, **fields) -> specjax.SpeculativeConfig:
+    return specjax.SpeculativeConfig(tree=tree, **fields)
 
 
 def random_tree(seed: int, num_nodes: int) -> Tree:
@@ -150,7 +155,7 @@ def pair():
 
 @pytest.fixture(scope="module")
 def plain(pair):
-    return specjax.generate(pair[0], RAGGED_PROMPTS, max_new_tokens=24)
+    return specjax.generate(pair[0], RAGGED_PROMPTS, GREEDY)
 
 
 TREES = {
@@ -166,7 +171,7 @@ TREES = {
 def test_tree_greedy_equals_plain_greedy(pair, plain, tree_name, drafter_name):
     target, draft = pair
     drafter = specjax.DraftModel(draft) if drafter_name == "draft_model" else specjax.LayerSkip(layers=1)
-    out = specjax.speculative_generate(target, drafter, RAGGED_PROMPTS, max_new_tokens=24, tree=TREES[tree_name])
+    out = specjax.generate(target, RAGGED_PROMPTS, GREEDY, draft=drafter, speculative=_tree(TREES[tree_name]))
     assert out.tokens == plain.tokens
     assert out.stats.accepted_tokens > 0
 
@@ -175,29 +180,28 @@ def test_tree_greedy_with_blockwise_attention(pair):
     """Caches of several attention blocks take the blockwise path (models/attention.py): the
     tree mask must hold there too, including a tree window that straddles a block edge."""
     target, draft = pair
-    cache = specjax.CacheConfig(block_size=16)
-    plain_out = specjax.generate(target, RAGGED_PROMPTS, max_new_tokens=40, cache_config=cache)
-    out = specjax.speculative_generate(
-        target, draft, RAGGED_PROMPTS, max_new_tokens=40, tree=random_tree(4, 14), cache_config=cache
-    )
+    config = specjax.GenerationConfig(max_new_tokens=40, cache=specjax.CacheConfig(block_size=16))
+    plain_out = specjax.generate(target, RAGGED_PROMPTS, config)
+    out = specjax.generate(target, RAGGED_PROMPTS, config, draft=draft, speculative=_tree(random_tree(4, 14)))
     assert out.tokens == plain_out.tokens
 
 
 def test_tree_with_eos_cuts_rows_like_plain(pair):
     target, draft = pair
-    eos = plain_eos = specjax.generate(target, RAGGED_PROMPTS, max_new_tokens=24).tokens[1][5]
-    plain_out = specjax.generate(target, RAGGED_PROMPTS, max_new_tokens=24, eos_token_id=plain_eos)
-    out = specjax.speculative_generate(
-        target, draft, RAGGED_PROMPTS, max_new_tokens=24, eos_token_id=eos, tree=random_tree(3, 12)
-    )
+    eos = specjax.generate(target, RAGGED_PROMPTS, GREEDY).tokens[1][5]
+    config = GREEDY.replace(eos_token_id=eos)
+    plain_out = specjax.generate(target, RAGGED_PROMPTS, config)
+    out = specjax.generate(target, RAGGED_PROMPTS, config, draft=draft, speculative=_tree(random_tree(3, 12)))
     assert out.tokens == plain_out.tokens
     assert any(len(t) < 24 for t in out.tokens)
 
 
 def test_chain_tree_equals_num_speculative_tokens(pair):
     target, draft = pair
-    chain = specjax.speculative_generate(target, draft, RAGGED_PROMPTS, num_speculative_tokens=3, max_new_tokens=24)
-    tree = specjax.speculative_generate(target, draft, RAGGED_PROMPTS, max_new_tokens=24, tree=Tree.chain(3))
+    chain = specjax.generate(
+        target, RAGGED_PROMPTS, GREEDY, draft=draft, speculative=specjax.SpeculativeConfig(num_speculative_tokens=3)
+    )
+    tree = specjax.generate(target, RAGGED_PROMPTS, GREEDY, draft=draft, speculative=_tree(Tree.chain(3)))
     assert tree.tokens == chain.tokens
     for field in ("rounds", "target_forwards", "accepted_tokens", "generated_tokens", "accepted_counts"):
         assert getattr(tree.stats, field) == getattr(chain.stats, field), field
@@ -205,8 +209,8 @@ def test_chain_tree_equals_num_speculative_tokens(pair):
 
 def test_a_branching_tree_accepts_more_per_round_than_its_chain(pair):
     target, draft = pair
-    chain = specjax.speculative_generate(target, draft, RAGGED_PROMPTS, max_new_tokens=24, tree=Tree.chain(3))
-    bushy = specjax.speculative_generate(target, draft, RAGGED_PROMPTS, max_new_tokens=24, tree=Tree.full(3, 3))
+    chain = specjax.generate(target, RAGGED_PROMPTS, GREEDY, draft=draft, speculative=_tree(Tree.chain(3)))
+    bushy = specjax.generate(target, RAGGED_PROMPTS, GREEDY, draft=draft, speculative=_tree(Tree.full(3, 3)))
     assert bushy.stats.mean_acceptance_length > chain.stats.mean_acceptance_length
 
 
@@ -216,11 +220,11 @@ def test_a_branching_tree_accepts_more_per_round_than_its_chain(pair):
 def test_compacted_caches_equal_a_plain_prefill_of_the_committed_tokens(pair):
     target, draft = pair
     tree = Tree.full(3, 3)
-    state = specjax.init_speculative_state(target, draft, RAGGED_PROMPTS, max_new_tokens=24, tree=tree)
+    state = specjax.init_state(target, RAGGED_PROMPTS, GREEDY, draft=draft, speculative=_tree(tree))
     moved_any = False
     for _ in range(4):
         before = np.asarray(state.lengths)
-        state = specjax.speculative_step(target, draft, state)
+        state = specjax.step(target, state, draft=draft)
         committed = np.asarray(state.lengths)
         # Rank-0 paths are moved onto themselves; a branch elsewhere really moves K/V.
         moved_any |= bool(np.any(committed - before > 1))
@@ -262,7 +266,12 @@ def pair8():
     return target, draft
 
 
-SAMPLINGS = {"t1": dict(temperature=1.0), "t0.7_topk5_topp0.9": dict(temperature=0.7, top_k=5, top_p=0.9)}
+SAMPLINGS = {
+    "t1": specjax.GenerationConfig(max_new_tokens=2, do_sample=True, temperature=1.0, seed=1),
+    "t0.7_topk5_topp0.9": specjax.GenerationConfig(
+        max_new_tokens=2, do_sample=True, temperature=0.7, top_k=5, top_p=0.9, seed=1
+    ),
+}
 
 
 # Every candidate kind and every sampling config passes with the exact rule; the negative
@@ -280,17 +289,17 @@ SAMPLINGS = {"t1": dict(temperature=1.0), "t0.7_topk5_topp0.9": dict(temperature
 )
 def test_tree_sampling_joint_of_first_two_tokens(pair8, sampling_name, candidates, rule_name):
     target, draft = pair8
-    kwargs = SAMPLINGS[sampling_name]
-    expected = _exact_joint(target, specjax.SamplingConfig(**kwargs))
-    out = specjax.speculative_generate(
+    config = SAMPLINGS[sampling_name]
+    expected = _exact_joint(target, config.sampling)
+    out = specjax.generate(
         target,
-        specjax.DraftModel(draft, tree_candidates=candidates),
         [PROMPT] * SAMPLES,
-        max_new_tokens=2,
-        seed=1,
-        tree=Tree.from_paths([(0,), (1,), (2,), (0, 0), (1, 0), (0, 1)]),
-        rule=None if rule_name == "exact" else tree_no_residual_rule,
-        **kwargs,
+        config,
+        draft=specjax.DraftModel(draft, tree_candidates=candidates),
+        speculative=_tree(
+            Tree.from_paths([(0,), (1,), (2,), (0, 0), (1, 0), (0, 1)]),
+            rule=None if rule_name == "exact" else tree_no_residual_rule,
+        ),
     )
     tokens = np.asarray(out.tokens)
     p_value = chi_square_p_value(tokens[:, 0] * 8 + tokens[:, 1], expected)
@@ -306,12 +315,21 @@ def test_tree_sampling_joint_of_first_two_tokens(pair8, sampling_name, candidate
 
 def test_tree_errors_name_the_problem(pair):
     target, draft = pair
-    with pytest.raises(ValueError, match=r"specjax\.Tree"):
-        specjax.speculative_generate(target, draft, [[1, 2]], tree=[(0,), (1,)])
+    # A list of paths is a tree spec now (SpeculativeConfig reads it with Tree.from_spec); a value
+    # that is no tree is refused when the config is built, naming what a tree is made of.
+    assert _tree([(0,), (1,)]).tree == Tree.from_paths([(0,), (1,)])
+    with pytest.raises(ValueError, match="tree paths must be a list of tuples"):
+        _tree(5)
     with pytest.raises(ValueError, match="cannot expand a token tree"):
-        specjax.speculative_generate(target, specjax.PromptLookup(), [[1, 2]], tree=Tree.chain(2))
+        specjax.generate(target, [[1, 2]], draft=specjax.PromptLookup(), speculative=_tree(Tree.chain(2)))
     with pytest.raises(ValueError, match="headroom"):
-        specjax.speculative_generate(target, draft, [[1, 2]], max_new_tokens=200, tree=Tree.preset("medusa-like-64"))
+        specjax.generate(
+            target,
+            [[1, 2]],
+            specjax.GenerationConfig(max_new_tokens=200),
+            draft=draft,
+            speculative=_tree(Tree.preset("medusa-like-64")),
+        )
 
 
 # --- Tuning and parsing -----------------------------------------------------------------------
@@ -329,7 +347,7 @@ def test_tuned_tree_beats_the_chain_of_equal_width(pair):
     assert tuned == Tree.from_acceptance(table, 8) and tuned.num_nodes == 8
     measured = {}
     for name, tree in {"tuned": tuned, "chain": Tree.chain(8)}.items():
-        out = specjax.speculative_generate(target, draft, prompts, max_new_tokens=24, tree=tree)
+        out = specjax.generate(target, prompts, GREEDY, draft=draft, speculative=_tree(tree))
         measured[name] = out.stats.mean_acceptance_length
     assert measured["tuned"] >= measured["chain"]
     # Within 10%: the positional model runs a little high (it ignores EOS and the token budget).
