@@ -11,7 +11,7 @@ rewrites the JSON trajectory (so a run that dies keeps what it logged).
 On jax 0.10.2 / XLA:CPU each live executable holds its JIT code in memory mappings of
 its own (about 400 for a speculative loop); at vm.max_map_count (65530 by default) the
 next compile fails inside `backend_compile_and_load`. specjax clears JAX's caches before
-that (engine/output.py `bound_live_programs`); --no-guard switches that off to reproduce
+that (specjax/runtime.py `bound_live_programs`); --no-guard switches that off to reproduce
 the crash.
 
     python scripts/compile_stress.py --out results/compile_stress.json
@@ -34,8 +34,8 @@ import jax
 import jax.extend.backend
 
 import specjax
+from specjax import runtime as output_module
 from specjax.bench.compiles import compiled_programs
-from specjax.engine import output as output_module
 from specjax.engine import prompts as prompts_module
 
 PAIRS = 4

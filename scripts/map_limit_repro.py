@@ -8,7 +8,7 @@ holds a few hundred mappings).
 Without the guard the process aborts inside jax's `backend_compile_and_load` with
 "LLVM ERROR: Unable to allocate section memory" (SIGABRT, exit code 134), the failure a
 long sweep reaches after a few hundred programs. With specjax's default guard
-(`specjax.engine.output.MAP_HEADROOM = 0.25`) JAX's caches are cleared before a launch
+(`specjax.runtime.MAP_HEADROOM = 0.25`) JAX's caches are cleared before a launch
 once the mappings pass 75% of the limit, and every call completes.
 """
 
@@ -19,7 +19,7 @@ import faulthandler
 import mmap
 
 import specjax
-from specjax.engine import output
+from specjax import runtime as output
 
 
 def main() -> None:

@@ -118,7 +118,7 @@ class SpeculativeConfig:
     prompt_lookup_min, prompt_lookup_max: the n-gram sizes prompt lookup matches.
     layers: layer skip's depth (None: half the target's layers).
     tree: a specjax.Tree, a preset name, "chain:K", "full:B:D" or a list of paths.
-    adaptive: choose K each round (True, or a specjax.AdaptiveConfig).
+    adaptive: choose K each round (True, a specjax.AdaptiveConfig, or a mapping of its fields).
     rule: the acceptance rule (None: greedy or rejection sampling, by the sampling).
     allow_transfer: load a head for a target it was not trained for (shapes must fit).
     first, then: fallback's two drafters (mappings like this one, or names).
@@ -149,10 +149,6 @@ class SpeculativeConfig:
             from specjax.trees.tree import Tree
 
             object.__setattr__(self, "tree", Tree.from_spec(self.tree))
-        if isinstance(self.adaptive, Mapping):
-            from specjax.engine.adaptive_policy import AdaptiveConfig
-
-            object.__setattr__(self, "adaptive", AdaptiveConfig(**self.adaptive))
 
     def replace(self, **changes) -> SpeculativeConfig:
         return dataclasses.replace(self, **changes)

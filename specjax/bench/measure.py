@@ -26,7 +26,7 @@ from specjax.bench.timing import median, timed
 from specjax.config import GenerationConfig, SpeculativeConfig
 from specjax.drafters import Drafter
 from specjax.engine.loop import CacheConfig
-from specjax.engine.output import GenerationStats, PreparedGeneration
+from specjax.engine.output import GenerationStats, PreparedGeneration, acceptance_metrics
 from specjax.io.model import Model
 
 POOLED = "all"  # the category of rows pooled over every prompt
@@ -95,25 +95,23 @@ class Workload:
 
 
 def merge_stats(stats: list[GenerationStats]) -> dict:
-    """Pool the counters of several requests and derive every acceptance metric from them."""
-    rounds = sum(s.rounds for s in stats)
+    """Pool the counters of several requests and derive every acceptance metric from them
+    (engine/output.py `acceptance_metrics`, the one place rates are derived)."""
+    drafts = sum(s.num_drafts for s in stats)
     accepted = sum(s.accepted_tokens for s in stats)
     drafted = sum(s.drafted_tokens for s in stats)
-    counts = np.sum([s.accepted_counts for s in stats], axis=0) if stats[0].accepted_counts else np.zeros(0)
-    reached = np.concatenate([[rounds], counts])  # row-rounds that got to draft position i
-    k = len(counts)
+    width = len(stats[0].accepted_counts)
+    counts = np.sum([s.accepted_counts for s in stats], axis=0) if width else np.zeros(0, np.int64)
+    reached = np.sum([s.position_rounds for s in stats], axis=0) if width else np.zeros(0, np.int64)
     return {
-        "rounds": rounds,
+        "rounds": sum(s.rounds for s in stats),
+        "num_drafts": drafts,
         "target_forwards": sum(s.target_forwards for s in stats),
         "generated_tokens": sum(s.generated_tokens for s in stats),
         "drafted_tokens": drafted,
         "accepted_tokens": accepted,
         "wasted_positions": drafted - accepted,
-        "acceptance_rate": accepted / drafted if drafted else 0.0,
-        "mean_acceptance_length": 1.0 + accepted / rounds if rounds else 1.0,
-        "accepted_per_position": [float(reached[i + 1] / reached[i]) if reached[i] else 0.0 for i in range(k)],
-        # rounds_accepting[n]: row-rounds that accepted exactly n draft tokens, n = 0..K.
-        "rounds_accepting": [int(reached[n] - (reached[n + 1] if n < k else 0)) for n in range(k + 1)],
+        **acceptance_metrics(drafts, drafted, accepted, counts, reached),
     }
 
 

@@ -107,6 +107,11 @@ def adaptive_stats(stats, state: LoopState, num_rows: int | None):
     return dataclasses.replace(stats.with_drafts(tried[:, 0], accepted_at, tried, drafted), adaptive=policy)
 
 
+def as_adaptive(adaptive):
+    """False, True or an AdaptiveConfig; a mapping (a YAML/JSON SpeculativeConfig) becomes one."""
+    return AdaptiveConfig(**adaptive) if isinstance(adaptive, dict) else adaptive
+
+
 def plan_tokens(adaptive, num_speculative_tokens: int) -> int:
     """Slots a round may write past the committed length: K_MAX, or the largest tree's nodes."""
     if isinstance(adaptive, AdaptiveConfig) and adaptive.trees:

@@ -8,7 +8,7 @@ import numpy as np
 from specjax.config import GenerationConfig, SpeculativeConfig
 from specjax.drafters import Drafter
 from specjax.engine.acceptance import default_rule
-from specjax.engine.adaptive import plan_tokens, resolve_adaptive
+from specjax.engine.adaptive import as_adaptive, plan_tokens, resolve_adaptive
 from specjax.engine.prompts import PromptBatch, prepare_prompts
 from specjax.engine.state import Plan
 from specjax.trees.acceptance import default_tree_rule
@@ -43,7 +43,7 @@ def plan_generation(
         raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
     else:
         drafter.check(target.config, int(k))
-    adaptive = speculative.adaptive
+    adaptive = as_adaptive(speculative.adaptive)
     k = plan_tokens(adaptive, k)
     batch = prepare_prompts(target, prompts, config.max_new_tokens, headroom=k + 1)
     rule = speculative.rule
