@@ -89,7 +89,7 @@ def test_python_and_the_cli_accept_the_same_model_names():
     model = specjax.load_model("random-target", seed=3)
     assert model.tokenizer is not None and not model.config.tie_word_embeddings
     assert specjax.ModelConfig().tie_word_embeddings is False  # LlamaConfig's default
-    with pytest.raises(ValueError, match=r"unknown model 'no-such-model'.*random-target"):
+    with pytest.raises(ValueError, match=r"'no-such-model' is neither.*random presets: random-draft, random-target"):
         specjax.load_model("no-such-model")
 
 

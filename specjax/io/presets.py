@@ -8,7 +8,6 @@ import dataclasses
 from pathlib import Path
 
 from specjax.io import hf
-from specjax.io.embedded import embedded_names, embedded_path
 from specjax.io.model import Model, init_model
 from specjax.io.tokenizer import ByteTokenizer
 from specjax.models import ModelConfig
@@ -52,10 +51,12 @@ def load_model(name_or_path: str | Path, dtype: str = "float32", mesh=None, seed
     if name in RANDOM_PRESETS:
         config = dataclasses.replace(RANDOM_PRESETS[name], dtype=dtype)
         return dataclasses.replace(init_model(config, seed=seed, mesh=mesh), tokenizer=ByteTokenizer())
-    if embedded_path(name) is None and not Path(name_or_path).expanduser().is_dir():
-        known = ", ".join([*sorted(RANDOM_PRESETS), *embedded_names()])
-        raise ValueError(f"unknown model {name!r}: not a directory, and not one of: {known}")
-    return hf.load_model(name_or_path, dtype=dtype, mesh=mesh)
+    try:
+        return hf.load_model(name_or_path, dtype=dtype, mesh=mesh)
+    except ValueError as error:
+        if "neither a model directory nor" in str(error):  # name the presets too: the CLI takes them
+            raise ValueError(f"{error}; random presets: {', '.join(sorted(RANDOM_PRESETS))}") from None
+        raise
 
 
 def resolve_model(name: str, seed: int = 0) -> Model:
