@@ -20,13 +20,13 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from specjax.engine.decode import decode_step
+from specjax.engine.decode import init_state as decode_init
 from tqdm.auto import tqdm
 
 from specjax.bench.timing import environment, interleaved, median
-from specjax.engine.decode import decode_step
-from specjax.engine.decode import init_state as decode_init
-from specjax.engine.loop import CacheConfig
-from specjax.engine.sampling import SamplingConfig
+from specjax.core.loop import CacheConfig
+from specjax.core.sampling import SamplingConfig
 from specjax.io.presets import resolve_model
 
 GREEDY = SamplingConfig(0.0)

@@ -33,9 +33,9 @@ import_specjax_from_this_repository()
 import jax  # noqa: E402
 
 import specjax  # noqa: E402
+from specjax.io.sharding import replicate_model, shard_model  # noqa: E402
 from specjax.parallel.cost import per_device_bytes, tp_allreduce_bytes, tp_efficiency, tp_forward_seconds  # noqa: E402
 from specjax.parallel.mesh import make_mesh  # noqa: E402
-from specjax.parallel.shard import replicate_model, shard_model  # noqa: E402
 
 
 def _configs(quick: bool):

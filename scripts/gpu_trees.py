@@ -47,16 +47,16 @@ import_specjax_from_this_repository()
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from specjax.engine.decode import prepare_generate  # noqa: E402
+from specjax.engine.speculative import prepare_speculative_generate  # noqa: E402
 from specjax.models import ModelConfig, forward, init_cache  # noqa: E402
 
 import specjax  # noqa: E402
 from specjax.drafters import DraftModel  # noqa: E402
-from specjax.engine.decode import prepare_generate  # noqa: E402
-from specjax.engine.speculative import prepare_speculative_generate  # noqa: E402
+from specjax.engine.tune import measure_acceptance  # noqa: E402
 from specjax.io.presets import resolve_model  # noqa: E402
 from specjax.training.data import held_out_prompts  # noqa: E402
 from specjax.trees import Tree  # noqa: E402
-from specjax.trees.tune import measure_acceptance  # noqa: E402
 
 BIG_TARGET = ModelConfig(
     vocab_size=32000,

@@ -4,7 +4,7 @@ For the embedded pair at one batch size: plain decoding and static K = 1, 2, 4, 
 end to end for 16 and for 128 new tokens, round-robin; the end-to-end marginal cost of a loop
 iteration is (t(128) - t(16)) / (iterations(128) - iterations(16)), which cancels prefill,
 dispatch and the host-side collection. Beside it, the costs the policy reads
-(bench/round_costs.py: the slope between loops of 2 and 10 iterations) and the same loops
+(engine/round_costs.py: the slope between loops of 2 and 10 iterations) and the same loops
 timed the old way (4 iterations per call, the call's fixed cost divided over them).
 
     python scripts/round_cost_check.py --batch 1 --out results/round_cost_check_b1.json
@@ -21,11 +21,11 @@ import jax
 
 import specjax
 from specjax.bench.config import Prompts
-from specjax.bench.loops import loop_call
 from specjax.bench.prompts import load_prompts
-from specjax.bench.round_costs import measure_round_costs
 from specjax.bench.timing import environment, interleaved
-from specjax.engine.loop import DEFAULT_CACHE
+from specjax.core.loop import DEFAULT_CACHE
+from specjax.engine.round_costs import measure_round_costs
+from specjax.engine.timed_loops import loop_call
 
 KS = (0, 1, 2, 4, 8)
 

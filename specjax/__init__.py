@@ -15,6 +15,10 @@ The tree shows the architecture:
 from specjax import distributed  # specjax.distributed.initialize(...): multi-host runs
 from specjax.api import build_drafter, generate, init_state, prepare, state_output, step
 from specjax.config import GenerationConfig, SpeculativeConfig
+from specjax.core.acceptance import AcceptanceRule, greedy_rule, rejection_sampling_rule
+from specjax.core.loop import CacheConfig
+from specjax.core.sampling import SamplingConfig, probabilities
+from specjax.core.state import DecodeState, LoopState, Plan, SpecPlan, SpecState
 from specjax.drafters import (
     DraftContext,
     Drafter,
@@ -30,15 +34,13 @@ from specjax.drafters import (
     save_drafter,
     target_fingerprint,
 )
-from specjax.engine.acceptance import AcceptanceRule, greedy_rule, rejection_sampling_rule
 from specjax.engine.adaptive_policy import AdaptiveConfig
-from specjax.engine.loop import CacheConfig
 from specjax.engine.output import GenerationOutput, GenerationStats, PreparedGeneration
-from specjax.engine.sampling import SamplingConfig, probabilities
-from specjax.engine.state import DecodeState, LoopState, Plan, SpecPlan, SpecState
+from specjax.engine.tune import measure_acceptance, tune_tree
 from specjax.io.hf import save_model
 from specjax.io.model import Model, init_model, logits
 from specjax.io.presets import load_model
+from specjax.io.sharding import shard_model
 from specjax.legacy import (
     init_speculative_state,
     prepare_generate,
@@ -47,11 +49,9 @@ from specjax.legacy import (
     speculative_step,
 )
 from specjax.models import KVCache, ModelConfig, init_cache
-from specjax.parallel import make_mesh, shard_model
+from specjax.parallel import make_mesh
 from specjax.trees import Tree
-from specjax.trees.tune import measure_acceptance, tune_tree
-
-__version__ = "0.1.0"
+from specjax.version import __version__  # noqa: F401 (specjax.__version__)
 
 __all__ = [
     "AcceptanceRule",

@@ -14,16 +14,19 @@ name (vLLM's `method` / `model`). `config` (a GenerationConfig) says how to gene
 
 from __future__ import annotations
 
+import warnings
+
 from specjax.config import GenerationConfig, SpeculativeConfig
+from specjax.core.state import LoopState
 from specjax.drafters import Drafter, as_drafter, make_drafter
 from specjax.engine.generation import jit_init_state, jit_round, prepared_generation
 from specjax.engine.generation import state_output as _state_output
 from specjax.engine.output import GenerationOutput, PreparedGeneration
 from specjax.engine.plan import plan_generation
-from specjax.engine.state import LoopState
 from specjax.io.model import Model
 
-_LEGACY = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "eos_token_id", "cache_config")
+# The keyword arguments of the entry points before GenerationConfig (specjax/legacy.py), with their defaults.
+_DEFAULTS = dict(max_new_tokens=64, temperature=0.0, top_k=None, top_p=None, seed=0, eos_token_id=None)
 
 
 def build_drafter(target: Model, speculative: SpeculativeConfig, seed: int = 0) -> Drafter:
@@ -82,8 +85,6 @@ def generate(
     temperature=..)`) still works for one release, with a DeprecationWarning.
     """
     if legacy or isinstance(config, int):
-        from specjax.legacy import legacy_config
-
         config = legacy_config(config, legacy, "generate(model, prompts, max_new_tokens=..., ...)")
     return prepare(target, prompts, config, draft=draft, speculative=speculative).run()
 
@@ -129,3 +130,27 @@ def step(target: Model, state: LoopState, *, draft: Model | Drafter | None = Non
 def state_output(state: LoopState) -> GenerationOutput:
     """Tokens and statistics of a (possibly unfinished) state."""
     return _state_output(state)
+
+
+# --- The entry points before GenerationConfig (specjax/legacy.py wraps the rest) ---------------
+
+
+def _warn(old: str, new: str) -> None:
+    warnings.warn(f"{old} is deprecated and goes in the next release; use {new}", DeprecationWarning, stacklevel=3)
+
+
+def _config(values: dict) -> GenerationConfig:
+    values = dict(values)
+    values["cache"] = values.pop("cache_config", None)
+    return GenerationConfig.at_temperature(**values)
+
+
+def legacy_config(max_new_tokens, kwargs: dict, old: str) -> GenerationConfig:
+    """A GenerationConfig from the old keyword arguments (temperature 0 = greedy)."""
+    unknown = sorted(set(kwargs) - {*_DEFAULTS, "cache_config"})
+    if unknown:
+        raise TypeError(f"generate() got an unexpected keyword argument {unknown[0]!r}")
+    _warn(old, "generate(model, prompts, specjax.GenerationConfig(max_new_tokens=..., ...))")
+    if max_new_tokens is not None:
+        kwargs = {**kwargs, "max_new_tokens": max_new_tokens}
+    return _config({**_DEFAULTS, **kwargs})

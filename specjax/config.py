@@ -20,8 +20,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from specjax.engine.loop import DEFAULT_CACHE, CacheConfig
-from specjax.engine.sampling import SamplingConfig
+from specjax.core.loop import DEFAULT_CACHE, CacheConfig
+from specjax.core.sampling import SamplingConfig
 
 
 @dataclasses.dataclass(frozen=True)

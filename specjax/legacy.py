@@ -3,33 +3,9 @@ release. Each warns (DeprecationWarning) and says what to write instead."""
 
 from __future__ import annotations
 
-import warnings
-
 from specjax import api
+from specjax.api import _DEFAULTS, _config, _warn, legacy_config
 from specjax.config import GenerationConfig, SpeculativeConfig
-
-_DEFAULTS = dict(max_new_tokens=64, temperature=0.0, top_k=None, top_p=None, seed=0, eos_token_id=None)
-
-
-def _warn(old: str, new: str) -> None:
-    warnings.warn(f"{old} is deprecated and goes in the next release; use {new}", DeprecationWarning, stacklevel=3)
-
-
-def legacy_config(max_new_tokens, kwargs: dict, old: str) -> GenerationConfig:
-    """A GenerationConfig from the old keyword arguments (temperature 0 = greedy)."""
-    unknown = sorted(set(kwargs) - {*_DEFAULTS, "cache_config"})
-    if unknown:
-        raise TypeError(f"generate() got an unexpected keyword argument {unknown[0]!r}")
-    _warn(old, "generate(model, prompts, specjax.GenerationConfig(max_new_tokens=..., ...))")
-    if max_new_tokens is not None:
-        kwargs = {**kwargs, "max_new_tokens": max_new_tokens}
-    return _config({**_DEFAULTS, **kwargs})
-
-
-def _config(values: dict) -> GenerationConfig:
-    values = dict(values)
-    values["cache"] = values.pop("cache_config", None)
-    return GenerationConfig.at_temperature(**values)
 
 
 def _split(args: tuple, kwargs: dict) -> tuple[GenerationConfig, SpeculativeConfig]:

@@ -20,7 +20,8 @@ import jax
 import numpy as np
 
 import specjax
-from specjax.parallel import make_mesh, replicate_model, shard_model
+from specjax.io.sharding import replicate_model, shard_model
+from specjax.parallel import make_mesh
 
 MESHES = ((1, 8), (2, 4), (4, 2), (8, 1))
 # 8 query heads and 2 kv heads: on model=8 and model=4 the kv heads must be replicated.
@@ -143,9 +144,9 @@ def check_loading(target, mesh) -> None:
     """load_model(mesh=) reads per-device slices and equals shard_model; init_model(mesh=) too."""
     import tempfile
 
+    from specjax.io import sharded_loading as loading
     from specjax.io.hf_config import _llama_family_fields
     from specjax.io.hf_weights import SINGLE_FILE, write_params
-    from specjax.parallel import loading
 
     with tempfile.TemporaryDirectory() as tmp:
         # save_model's files, without the transformers import save_model spends seconds on.

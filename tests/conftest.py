@@ -60,7 +60,7 @@ def small_draft():
 
 @pytest.fixture(autouse=True)
 def _cost_cache_dir(tmp_path_factory, monkeypatch):
-    """Every test its own round-cost cache (bench/cost_cache.py): none writes to ~/.cache or
+    """Every test its own round-cost cache (engine/cost_cache.py): none writes to ~/.cache or
     reads a file an earlier run left."""
     monkeypatch.setenv("SPECJAX_CACHE_DIR", str(tmp_path_factory.mktemp("specjax-cache")))
 

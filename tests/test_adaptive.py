@@ -20,9 +20,11 @@ from test_drafters import PROMPTS, SAMPLE_PROMPT, VOCAB8, two_sample_p_value
 from test_heads import random_eagle, random_heads
 
 import specjax
+from specjax.core.acceptance import always_accept_rule
+from specjax.core.loop import prefill, token_buffer
+from specjax.core.sampling import SamplingConfig
 from specjax.drafters import DraftContext
 from specjax.drafters.draft_model import resync
-from specjax.engine.acceptance import always_accept_rule
 from specjax.engine.adaptive import _learn
 from specjax.engine.adaptive_policy import (
     AdaptiveState,
@@ -32,8 +34,6 @@ from specjax.engine.adaptive_policy import (
     policy,
     token_moments,
 )
-from specjax.engine.loop import prefill, token_buffer
-from specjax.engine.sampling import SamplingConfig
 
 NEW = 24
 # Costs under which the policy keeps switching: the first round drafts K_MAX, then K = 0

@@ -14,7 +14,7 @@ from specjax.models import init_cache
 from specjax.models.attention import attend
 
 import specjax
-from specjax.engine.loop import prefill
+from specjax.core.loop import prefill
 
 forward = jax.jit(_forward, static_argnums=0)
 full_forward = jax.jit(_full_forward, static_argnums=0)

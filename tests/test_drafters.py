@@ -11,8 +11,8 @@ from conftest import RAGGED_PROMPTS, TARGET_CONFIG, scaled_model
 from scipy import stats as scipy_stats
 
 import specjax
+from specjax.core.acceptance import always_accept_rule
 from specjax.drafters import DraftContext
-from specjax.engine.acceptance import always_accept_rule
 
 # Prompts with repeats, so prompt lookup has something to find, plus the ragged set.
 PROMPTS = [*RAGGED_PROMPTS, [5, 6, 7, 5, 6, 7, 5], [9, 9, 9, 9]]

@@ -19,7 +19,7 @@ from test_hf_interop import HF_CONFIGS as INTEROP_CONFIGS
 from test_hf_interop import make_hf, save_hf
 
 import specjax
-from specjax.engine.loop import CacheConfig, prefill
+from specjax.core.loop import CacheConfig, prefill
 from specjax.training.heads import eagle_loss
 from specjax.trees import Tree
 

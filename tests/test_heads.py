@@ -17,7 +17,7 @@ from specjax.models.heads import head_config, init_eagle_params, init_medusa_par
 import specjax
 from specjax.bench.distribution import chi_square_p_value
 from specjax.configs import dump_config, load_config
-from specjax.engine.acceptance import always_accept_rule
+from specjax.core.acceptance import always_accept_rule
 from specjax.io.tokenizer import ByteTokenizer
 from specjax.training.data import training_batch
 from specjax.training.heads import HeadTrainConfig, eagle_loss, medusa_loss, train_head

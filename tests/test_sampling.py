@@ -14,8 +14,8 @@ from conftest import TARGET_CONFIG, scaled_model
 
 import specjax
 from specjax.bench.distribution import chi_square_p_value
-from specjax.engine.acceptance import always_accept_rule
-from specjax.engine.sampling import sample
+from specjax.core.acceptance import always_accept_rule
+from specjax.core.sampling import sample
 
 SAMPLES = 6000
 P_VALUE_PASS = 1e-3  # a correct sampler fails this one run in a thousand

@@ -138,7 +138,7 @@ def test_bench_mesh_places_the_pair():
 
     from specjax.bench import BenchConfig
     from specjax.bench.context import BenchContext
-    from specjax.bench.loops import draft_model_of
+    from specjax.engine.timed_loops import draft_model_of
 
     ctx = BenchContext(BenchConfig(experiments=["waste"], mesh={"data": 1, "model": 1}), progress=False)
     for model in (ctx.target, draft_model_of(ctx.draft)):

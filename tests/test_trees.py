@@ -16,8 +16,8 @@ from conftest import RAGGED_PROMPTS, TARGET_CONFIG, noisy_copy, scaled_model
 
 import specjax
 from specjax.bench.distribution import chi_square_p_value
-from specjax.engine.loop import prefill
-from specjax.engine.sampling import sample
+from specjax.core.loop import prefill
+from specjax.core.sampling import sample
 from specjax.trees import Tree, tree_greedy_rule, tree_no_residual_rule, tree_rejection_rule
 
 P_VALUE_PASS = 1e-3

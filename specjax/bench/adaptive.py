@@ -12,7 +12,7 @@ ratio below is measured in one run:
      block, which prompt lookup copies, then goes on with new code), with `shift_drafter`:
      adaptive should beat every static K.
 Adaptive runs use K_MAX = `k_max` and measure their own round costs at each shape
-(bench/round_costs.py). `predict_batch_sizes` adds predictions (bench/adaptive_predict.py):
+(engine/round_costs.py). `predict_batch_sizes` adds predictions (bench/adaptive_predict.py):
 the real policy and every static K simulated on the cost models' measured round costs and
 the pair's measured acceptance, for batches (or a target) too large to run here.
 Rows carry the policy's rounds per K; `trajectory` holds the K it
@@ -28,10 +28,10 @@ from specjax.bench.adaptive_predict import predict
 from specjax.bench.context import BenchContext
 from specjax.bench.measure import DRAFT, RunSpec, Workload, pooled
 from specjax.bench.prompts import load_prompts
-from specjax.bench.round_costs import measure_round_costs
 from specjax.config import GenerationConfig, SpeculativeConfig
 from specjax.drafters import DraftModel
 from specjax.engine.adaptive_policy import AdaptiveConfig, default_ks
+from specjax.engine.round_costs import measure_round_costs
 from specjax.io.model import init_model
 
 AIMS = {"random": 0.95, "pair": 0.97, "batch": 0.95}

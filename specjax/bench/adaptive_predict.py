@@ -5,7 +5,7 @@ as the GPU config's 0.9B target) are predicted by running the *real* policy
 (engine/adaptive_policy.py: `policy`, `fold_round`) on simulated rounds:
   - each row accepts draft position i with the pair's measured conditional acceptance a_i
     (the pooled per-position profile: rows are alike, so stragglers come from chance only);
-  - a round of candidate c costs the cost model's measured seconds at c (bench/round_costs.py,
+  - a round of candidate c costs the cost model's measured seconds at c (engine/round_costs.py,
     the same marginal costs the engine's policy reads), a change of candidate another
     switch_cost / 2 plain steps (the branch switch measured on the CPU);
   - the batch runs until every row has max_new_tokens, as the real loop does.

@@ -180,7 +180,7 @@ class Trees:
 
     At each width w: the chain of K = w - 1 and the trees tuned to the pair with w - 1
     nodes; each preset at its own width. The tuned trees come from one acceptance table
-    per temperature (specjax.trees.tune.measure_acceptance), measured on `tune_prompts`,
+    per temperature (specjax.engine.tune.measure_acceptance), measured on `tune_prompts`,
     which should not overlap the measured prompts (default: the train split of the
     bench's corpus domains, while the bench measures the test split).
     """

@@ -14,17 +14,17 @@ from tqdm.auto import tqdm
 from specjax.bench.config import BenchConfig, ModelSpec
 from specjax.bench.cost import CostTable, forward_estimate
 from specjax.bench.drafter_spec import DrafterSpec, DraftSpec, build_drafter, describe_spec
-from specjax.bench.loops import draft_model_of
 from specjax.bench.measure import DRAFT, POOLED, RunSpec, Workload, acceptance, adaptive_specs_for, measure
 from specjax.bench.prompts import load_prompts
 from specjax.bench.timing import matmul_flops, memory_bandwidth, repeat_values
 from specjax.drafters import Drafter, as_drafter
+from specjax.drafters.placement import shard_pair
+from specjax.engine.timed_loops import draft_model_of
 from specjax.io.model import Model, init_model
 from specjax.io.presets import resolve_model
 from specjax.io.tokenizer import ByteTokenizer
 from specjax.models import ModelConfig
 from specjax.parallel.mesh import mesh_from
-from specjax.parallel.shard import shard_pair
 
 
 def load_model(spec: ModelSpec, seed: int) -> Model:

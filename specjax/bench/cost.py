@@ -16,10 +16,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.bench.loops import draft_model_of, loop_call, loop_key
 from specjax.bench.timing import interleaved, median, timed
+from specjax.core.loop import CacheConfig
 from specjax.drafters import Drafter, as_drafter
-from specjax.engine.loop import CacheConfig
+from specjax.engine.timed_loops import draft_model_of, loop_call, loop_key
 from specjax.io.model import Model
 from specjax.models import ModelConfig, forward, init_cache
 

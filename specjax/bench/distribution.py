@@ -15,8 +15,8 @@ from scipy import stats as scipy_stats
 
 from specjax.api import generate
 from specjax.config import GenerationConfig, SpeculativeConfig
-from specjax.engine.acceptance import always_accept_rule
-from specjax.engine.sampling import SamplingConfig, probabilities
+from specjax.core.acceptance import always_accept_rule
+from specjax.core.sampling import SamplingConfig, probabilities
 from specjax.io.model import Model, logits
 
 

@@ -26,11 +26,11 @@ from specjax.bench.cost import (
 )
 from specjax.bench.distribution import distribution_test
 from specjax.bench.fill import cache_dtype_rows, fill_capacity_rows, fill_summary
-from specjax.bench.loops import draft_model_of
 from specjax.bench.measure import POOLED, RunSpec, pooled
 from specjax.bench.methods import methods
 from specjax.bench.scaling import scaling
 from specjax.bench.trees import describe_sources, trees
+from specjax.engine.timed_loops import draft_model_of
 
 
 def _pooled_alpha(stats: dict) -> float:

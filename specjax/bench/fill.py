@@ -15,7 +15,7 @@ from specjax.bench.config import FillCapacity
 from specjax.bench.context import BenchContext
 from specjax.bench.cost import kv_cache_bytes
 from specjax.bench.measure import POOLED, acceptance
-from specjax.engine.loop import CacheConfig
+from specjax.core.loop import CacheConfig
 
 
 def _layout(attention: str, capacity: int, dtype: str | None) -> CacheConfig:

@@ -24,8 +24,8 @@ import numpy as np
 from specjax.api import prepare
 from specjax.bench.timing import median, timed
 from specjax.config import GenerationConfig, SpeculativeConfig
+from specjax.core.loop import CacheConfig
 from specjax.drafters import Drafter
-from specjax.engine.loop import CacheConfig
 from specjax.engine.output import GenerationStats, PreparedGeneration, acceptance_metrics
 from specjax.io.model import Model
 

@@ -27,13 +27,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from specjax.bench.context import BenchContext
-from specjax.bench.loops import draft_model_of
 from specjax.bench.measure import RunSpec, pooled
 from specjax.drafters import DraftModel
+from specjax.engine.timed_loops import draft_model_of
+from specjax.io.sharding import replicate_model, shard_model
 from specjax.parallel.cost import tp_allreduce_bytes, tp_efficiency, tp_forward_seconds
 from specjax.parallel.layout import plan
 from specjax.parallel.mesh import MODEL, mesh_from, mesh_shape
-from specjax.parallel.shard import replicate_model, shard_model
 
 
 def measure_allreduce(mesh, megabytes: float, repeats: int = 5) -> dict:

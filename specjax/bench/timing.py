@@ -11,49 +11,16 @@ from __future__ import annotations
 import functools
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-
-def timed(fn: Callable[[], object]) -> float:
-    """Seconds until everything `fn` returns is computed."""
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - start
-
-
-def interleaved(fns: dict, repeats: int, warmup: int, progress=None) -> dict[object, list[float]]:
-    """Time every callable `repeats` times, round-robin, after `warmup` untimed calls each."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            jax.block_until_ready(fn())
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            times[name].append(timed(fn))
-            if progress is not None:
-                progress.update(1)
-    return times
-
-
-def median(values) -> float:
-    return float(statistics.median(values))
-
-
-def _cpu_model() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+from specjax.engine.clock import cpu_count, cpu_model, interleaved, median, timed  # noqa: F401 (re-exported)
+from specjax.version import __version__
 
 
 def _git_commit() -> str | None:
@@ -74,26 +41,20 @@ def environment() -> dict:
     """Where the numbers came from: versions, backend, device and CPU."""
     import flax
 
-    import specjax
-
     device = jax.devices()[0]
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "jax": jax.__version__,
         "flax": flax.__version__,
-        "specjax": specjax.__version__,
+        "specjax": __version__,
         "git_commit": _git_commit(),
         "backend": jax.default_backend(),
         "device": getattr(device, "device_kind", str(device)),
         "device_count": jax.device_count(),
-        "cpu": _cpu_model(),
-        "cpu_count": _cpu_count(),
+        "cpu": cpu_model(),
+        "cpu_count": cpu_count(),
     }
-
-
-def _cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def load_average() -> list[float] | None:
@@ -112,7 +73,7 @@ def machine_load() -> dict:
     run goes on) beside its CPU count (the load counts every process of the machine) and the
     CPUs this process may use."""
     now = load_average()
-    return {"start": now, "end": now, "cpu_count": os.cpu_count(), "cpus_available": _cpu_count()}
+    return {"start": now, "end": now, "cpu_count": os.cpu_count(), "cpus_available": cpu_count()}
 
 
 def repeat_values(row: dict) -> list[float]:

@@ -33,8 +33,8 @@ from specjax.bench.context import BenchContext
 from specjax.bench.measure import RunSpec, Workload, pooled
 from specjax.bench.prompts import load_prompts
 from specjax.config import SpeculativeConfig
+from specjax.engine.tune import measure_acceptance
 from specjax.trees import Tree
-from specjax.trees.tune import measure_acceptance
 
 PLAIN = "plain"
 

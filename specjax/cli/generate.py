@@ -173,7 +173,7 @@ def generate_command(args) -> int:
     from specjax.api import generate
     from specjax.cli.summary import print_summary
     from specjax.config import GenerationConfig, SpeculativeConfig
-    from specjax.engine.loop import CacheConfig
+    from specjax.core.loop import CacheConfig
     from specjax.io.presets import resolve_model
     from specjax.trees.tree import Tree
 
@@ -194,8 +194,8 @@ def generate_command(args) -> int:
     speculative = SpeculativeConfig(num_speculative_tokens=args.num_speculative_tokens, tree=tree,
                                     adaptive=_adaptive(args))  # fmt: skip
     if args.mesh is not None:
+        from specjax.drafters.placement import shard_pair
         from specjax.parallel.mesh import mesh_from
-        from specjax.parallel.shard import shard_pair
 
         target, draft = shard_pair(target, draft, mesh_from(args.mesh))
 

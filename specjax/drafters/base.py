@@ -27,8 +27,8 @@ from typing import Any
 import jax
 from flax import struct
 
-from specjax.engine.loop import DEFAULT_CACHE, CacheConfig
-from specjax.engine.sampling import SamplingConfig
+from specjax.core.loop import DEFAULT_CACHE, CacheConfig
+from specjax.core.sampling import SamplingConfig
 from specjax.models import ModelConfig
 
 

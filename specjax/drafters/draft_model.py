@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specjax.core.loop import gather_tokens, prefill
+from specjax.core.sampling import SamplingConfig, probabilities, sample
 from specjax.drafters.base import DraftContext, Drafter, Proposal, TreeProposal
-from specjax.engine.loop import gather_tokens, prefill
-from specjax.engine.sampling import SamplingConfig, probabilities, sample
 from specjax.io.model import Model
 from specjax.models import KVCache, ModelConfig, TreeMask, forward
 

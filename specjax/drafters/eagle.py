@@ -25,13 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specjax.core.loop import gather_tokens
+from specjax.core.sampling import probabilities
 from specjax.drafters.base import DraftContext, Drafter, Proposal, TreeProposal
 from specjax.drafters.draft_model import _draw
-from specjax.engine.loop import gather_tokens
-from specjax.engine.sampling import probabilities
 from specjax.models import KVCache, ModelConfig, TreeMask, feature_layers, init_cache
 from specjax.models.heads import eagle_forward
-from specjax.models.heads import teacher_forced as teacher_forced  # re-export for specjax/trees/tune.py
+from specjax.models.heads import teacher_forced as teacher_forced  # re-export for specjax/engine/tune.py
 
 
 @struct.dataclass

@@ -22,9 +22,9 @@ import dataclasses
 
 from flax import struct
 
+from specjax.core.loop import prefill
 from specjax.drafters.base import DraftContext, Drafter
 from specjax.drafters.draft_model import committed_cache, propose_autoregressive, propose_tree
-from specjax.engine.loop import prefill
 from specjax.models import KVCache, ModelConfig
 
 

@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specjax.core.sampling import probabilities, sample
 from specjax.drafters.base import DraftContext, Drafter, Proposal, TreeProposal
-from specjax.engine.sampling import probabilities, sample
 from specjax.models import ModelConfig
 from specjax.models.heads import medusa_hidden, target_logits
 

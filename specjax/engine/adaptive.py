@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.core.state import LoopState
 from specjax.engine.adaptive_policy import AdaptiveConfig, fold_round, policy
 from specjax.engine.rounds import chain_round, plain_round
-from specjax.engine.state import LoopState
 from specjax.engine.tree_round import tree_round
 from specjax.trees.acceptance import default_tree_rule
 
@@ -160,8 +160,8 @@ def _measured_costs(config: AdaptiveConfig, static: AdaptiveConfig, plan, target
     """Costs of this shape from the disk cache, or measured at the batch's bucket size and
     cache length (and written there), with where they came from."""
     # The bench times loop iterations; it depends on the engine, so it is imported here.
-    from specjax.bench.cost_cache import cached_costs, cost_key
-    from specjax.bench.round_costs import measure_round_costs
+    from specjax.engine.cost_cache import cached_costs, cost_key
+    from specjax.engine.round_costs import measure_round_costs
 
     shape = (batch.bucket_rows, static, batch.cache_length, plan.sampling.temperature)
     key = cost_key(target, drafter, *shape, plan.cache)

@@ -14,7 +14,7 @@ slowest row, and long rounds spread a row's progress more (`choose`).
 `objective="throughput"` maximises the sum of E[tokens] over live rows per second instead.
 alpha[row, i] estimates P(draft position i is accepted | positions < i were) from that
 row's past rounds, and cost(K) is the measured seconds of one loop iteration at K for this
-batch size (bench/round_costs.py, or the caller's). Only past rounds feed the choice,
+batch size (engine/round_costs.py, or the caller's). Only past rounds feed the choice,
 so each round's tokens are still distributed exactly as the target's.
 
 The estimate is a Beta posterior over exponentially forgotten counts. Each round that
@@ -62,8 +62,8 @@ class AdaptiveConfig:
       and K_MAX itself. Each is one compiled branch, so a few are enough.
     costs: seconds of one loop iteration at each K, {K: seconds} for this target, drafter,
       batch size and context; None measures them once per machine and shape
-      (bench/round_costs.py) and keeps them on disk for later processes
-      (bench/cost_cache.py: $SPECJAX_CACHE_DIR, else ~/.cache/specjax, under round_costs/).
+      (engine/round_costs.py) and keeps them on disk for later processes
+      (engine/cost_cache.py: $SPECJAX_CACHE_DIR, else ~/.cache/specjax, under round_costs/).
     remeasure: measure the costs even when a file holds them, and overwrite it.
     progress: a progress bar on stderr while costs are measured; None (the default) shows
       it only when stderr is a terminal, False never.

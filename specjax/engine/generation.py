@@ -15,13 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.core.loop import prefill, token_buffer
+from specjax.core.state import LoopState, Plan
 from specjax.engine.adaptive import adaptive_round, adaptive_stats
 from specjax.engine.adaptive_policy import init_adaptive
-from specjax.engine.loop import prefill, token_buffer
 from specjax.engine.output import GenerationOutput, PreparedGeneration, collect_output
 from specjax.engine.prompts import PromptBatch
-from specjax.engine.rounds import chain_round, plain_round
-from specjax.engine.state import LoopState, Plan, draft_context
+from specjax.engine.rounds import chain_round, draft_context, plain_round
 from specjax.engine.tree_round import tree_round
 
 

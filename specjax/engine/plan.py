@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from specjax.config import GenerationConfig, SpeculativeConfig
+from specjax.core.acceptance import default_rule
+from specjax.core.state import Plan
 from specjax.drafters import Drafter
-from specjax.engine.acceptance import default_rule
 from specjax.engine.adaptive import as_adaptive, plan_tokens, resolve_adaptive
 from specjax.engine.prompts import PromptBatch, prepare_prompts
-from specjax.engine.state import Plan
 from specjax.trees.acceptance import default_tree_rule
 from specjax.trees.tree import Tree
 

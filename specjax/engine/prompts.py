@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from specjax.engine.loop import eos_ids
+from specjax.core.loop import eos_ids
 from specjax.io.model import Model, _check_token_ids
 from specjax.parallel.placement import model_mesh, pad_rows, place_rows
 

@@ -10,10 +10,28 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax.engine.loop import gather_tokens
-from specjax.engine.sampling import probabilities, select
-from specjax.engine.state import LoopState, draft_context, finish_round
+from specjax.core.loop import gather_tokens
+from specjax.core.sampling import probabilities, select
+from specjax.core.state import LoopState, finish_round
+from specjax.drafters import DraftContext
 from specjax.models import forward
+
+
+def draft_context(state: LoopState, target_params) -> DraftContext:
+    """What the drafter may read of `state`: its committed sequence, the target and the plan."""
+    plan = state.plan
+    return DraftContext(
+        tokens=state.tokens,
+        lengths=state.lengths,
+        prompt_lengths=state.prompt_lengths,
+        done=state.done,
+        target_params=target_params,
+        target=plan.target,
+        num_speculative_tokens=plan.num_speculative_tokens,
+        sampling=plan.sampling,
+        cache=plan.cache,
+        tree=plan.tree,
+    )
 
 
 def plain_round(target_params, draft_weights, state: LoopState) -> LoopState:

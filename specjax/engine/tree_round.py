@@ -15,9 +15,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax.engine.loop import gather_tokens
-from specjax.engine.sampling import probabilities
-from specjax.engine.state import LoopState, draft_context, finish_round
+from specjax.core.loop import gather_tokens
+from specjax.core.sampling import probabilities
+from specjax.core.state import LoopState, finish_round
+from specjax.engine.rounds import draft_context
 from specjax.models import TreeMask, forward
 
 

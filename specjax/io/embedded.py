@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 
-import specjax.models
-
-# The embedded pair ships inside the models package as HF-format directories.
-EMBEDDED_DIR = Path(specjax.models.__file__).resolve().parent / "pretrained"
+# The embedded pair ships inside the models package (specjax.models) as HF-format directories.
+EMBEDDED_DIR = Path(str(files("specjax.models"))) / "pretrained"
 
 
 def embedded_names() -> list[str]:

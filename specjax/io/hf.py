@@ -31,7 +31,7 @@ def load_model(path_or_name: str | Path, dtype: str = "float32", mesh=None) -> M
 
     mesh: a jax.sharding.Mesh (specjax.make_mesh): the params are laid out on it as
     `specjax.shard_model` does, each process reading only the slices its devices hold
-    (specjax/parallel/loading.py).
+    (specjax/io/sharded_loading.py).
     """
     directory = _resolve(path_or_name)
     config_path = directory / "config.json"
@@ -44,7 +44,7 @@ def load_model(path_or_name: str | Path, dtype: str = "float32", mesh=None) -> M
     config = config_from_hf(hf, dtype=dtype, source=str(config_path))
     trained_context = hf.get(TRAINED_CONTEXT_KEY)
     if mesh is not None:
-        from specjax.parallel.loading import read_sharded_params
+        from specjax.io.sharded_loading import read_sharded_params
 
         config, params = read_sharded_params(directory, config, mesh)
     else:

@@ -36,7 +36,7 @@ def init_model(config: ModelConfig, seed: int = 0, mesh=None) -> Model:
     shards (same values; layout of `specjax.shard_model`, specjax/parallel/layout.py).
     """
     if mesh is not None:
-        from specjax.parallel.loading import init_sharded_params
+        from specjax.io.sharded_loading import init_sharded_params
 
         return Model(*init_sharded_params(config, seed, mesh))
     return Model(config=config, params=init_params(config, seed))

@@ -31,7 +31,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from specjax.engine.sampling import SamplingConfig, sample
+from specjax.core.sampling import SamplingConfig, sample
 
 
 def _rows(x: jax.Array, index: jax.Array) -> jax.Array:

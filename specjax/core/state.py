@@ -1,5 +1,8 @@
 """The loop state every generation runs on, its static plan, and the round epilogue.
 
+Core: it knows a drafter and a tree only as the static values a plan carries (drafters/
+and trees/ sit above it, the engine above them).
+
 Plain decoding is the no-drafter case of the same state: every round kind (a plain step, a
 chain of K, a token tree, an adaptive branch) reads one `LoopState` and ends in one
 `finish_round`, which commits and counts. So the counters mean the same thing everywhere,
@@ -16,11 +19,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.drafters import DraftContext, Drafter
-from specjax.engine.loop import DEFAULT_CACHE, CacheConfig, commit
-from specjax.engine.sampling import SamplingConfig
+from specjax.core.loop import DEFAULT_CACHE, CacheConfig, commit
+from specjax.core.sampling import SamplingConfig
 from specjax.models import KVCache, ModelConfig
-from specjax.trees.tree import Tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,12 +29,12 @@ class Plan:
     """Everything static about a generation (hashable: a jit cache key; a change recompiles)."""
 
     target: ModelConfig
-    drafter: Drafter | None  # the static part (`without_weights()`); None: plain decoding
+    drafter: Any  # a Drafter's static part (`without_weights()`); None: plain decoding
     num_speculative_tokens: int  # K of a chain; a tree's node count N (the verify width is N + 1); 0: plain
     sampling: SamplingConfig
-    rule: Callable | None  # an AcceptanceRule (engine/acceptance.py) or a tree rule (trees/acceptance.py)
+    rule: Callable | None  # an AcceptanceRule (core/acceptance.py) or a tree rule (trees/acceptance.py)
     cache: CacheConfig = DEFAULT_CACHE
-    tree: Tree | None = None  # None: a chain of K (engine/rounds.py); else a tree round
+    tree: Any = None  # a specjax.Tree, or None: a chain of K (engine/rounds.py)
     # An AdaptiveConfig (engine/adaptive_policy.py, without costs): each round picks K <= K_MAX.
     adaptive: Any = None
 
@@ -80,23 +81,6 @@ class LoopState:
 
 SpecState = LoopState  # the names before plain decoding shared the state
 DecodeState = LoopState
-
-
-def draft_context(state: LoopState, target_params) -> DraftContext:
-    """What the drafter may read of `state`: its committed sequence, the target and the plan."""
-    plan = state.plan
-    return DraftContext(
-        tokens=state.tokens,
-        lengths=state.lengths,
-        prompt_lengths=state.prompt_lengths,
-        done=state.done,
-        target_params=target_params,
-        target=plan.target,
-        num_speculative_tokens=plan.num_speculative_tokens,
-        sampling=plan.sampling,
-        cache=plan.cache,
-        tree=plan.tree,
-    )
 
 
 def accepted_positions(accepted_at, num_accepted, live):

@@ -1,13 +1,13 @@
 """Seconds per loop iteration at each K, for adaptive speculation (engine/adaptive_policy.py).
 
 A plain decode step for K = 0 and a speculative round of K otherwise, each run as it runs
-inside the generation loop (bench/loops.py), round-robin so that their ratios hold on a
+inside the generation loop (engine/timed_loops.py), round-robin so that their ratios hold on a
 noisy machine. What the policy needs is the *marginal* cost of one more iteration: a timed
 call also pays a fixed dispatch cost (about 4 ms on the 2-core CPU, three plain steps of the
 embedded pair at batch 1), which divided over a few iterations compresses every ratio
 towards 1. So each loop is timed at two lengths and the cost is the slope,
 (t(long) - t(short)) / (long - short). Results are memoised per shape for the life of the
-process, so a second generation of the same shape measures nothing; bench/cost_cache.py
+process, so a second generation of the same shape measures nothing; engine/cost_cache.py
 keeps them on disk for later processes. Measuring compiles two loops per candidate and
 takes about a minute for the embedded pair at K <= 8, so it shows a progress bar.
 """
@@ -17,11 +17,11 @@ from __future__ import annotations
 import jax
 from tqdm.auto import tqdm
 
-from specjax.bench.loops import loop_call, loop_key
-from specjax.bench.timing import interleaved, median
+from specjax.core.loop import DEFAULT_CACHE, CacheConfig
 from specjax.drafters import Drafter
 from specjax.engine.adaptive_policy import AdaptiveConfig
-from specjax.engine.loop import DEFAULT_CACHE, CacheConfig
+from specjax.engine.clock import interleaved, median
+from specjax.engine.timed_loops import loop_call, loop_key
 from specjax.io.model import Model
 
 SHORT, LONG, REPEATS = 2, 10, 7

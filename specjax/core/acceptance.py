@@ -12,7 +12,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from specjax.engine.sampling import SamplingConfig, sample
+from specjax.core.sampling import SamplingConfig, sample
 
 # An acceptance rule decides one speculative round for every row of a batch:
 #   rule(key, draft_tokens [B, K], p [B, K+1, V], q [B, K, V] | None) -> (num_accepted [B], next_token [B])

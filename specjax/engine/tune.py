@@ -28,12 +28,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.api import generate
 from specjax.config import GenerationConfig
+from specjax.core.sampling import SamplingConfig, probabilities
 from specjax.drafters import DraftModel, Eagle, LayerSkip
 from specjax.drafters.eagle import teacher_forced
 from specjax.drafters.layer_skip import early_exit
-from specjax.engine.sampling import SamplingConfig, probabilities
+from specjax.engine.generation import prepared_generation
+from specjax.engine.plan import plan_generation
 from specjax.io.model import Model, logits
 from specjax.trees.tree import Tree
 
@@ -95,11 +96,8 @@ def measure_acceptance(
     """[max_depth, max_rank]: P(rank-r candidate accepted at depth d + 1 | its parent was)."""
     config = SamplingConfig(temperature, sampling.get("top_k"), sampling.get("top_p"))
     settings = {k: v for k, v in sampling.items() if k in ("top_k", "top_p", "min_p")}
-    out = generate(
-        target,
-        prompts,
-        GenerationConfig.at_temperature(temperature, max_new_tokens=max_new_tokens, seed=seed, **settings),
-    )
+    config = GenerationConfig.at_temperature(temperature, max_new_tokens=max_new_tokens, seed=seed, **settings)
+    out = prepared_generation(target, *plan_generation(target, prompts, config), max_new_tokens, None, seed).run()
     encoded = prompts if not out.text else [target.tokenizer.encode(p) for p in prompts]
     sequences = [list(p) + list(t) for p, t in zip(encoded, out.tokens, strict=True)]
     width = max(len(s) for s in sequences)

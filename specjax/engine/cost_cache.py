@@ -1,6 +1,6 @@
 """Measured round costs kept on disk, so adaptive speculation measures once per machine and shape.
 
-Measuring (bench/round_costs.py) takes about a minute for the embedded pair at K <= 8, and
+Measuring (engine/round_costs.py) takes about a minute for the embedded pair at K <= 8, and
 costs measured afresh in every process make the policy's schedule differ from run to run.
 A loop iteration's time depends on shapes, layouts and the machine, not on the weights'
 values, so one file per key serves every later process: the device and software, both
@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import jax
+
+from specjax.version import __version__
 
 FORMAT = 1  # bump when the measurement's method changes, so older files stop matching
 
@@ -54,8 +56,8 @@ def cost_key(target, drafter, batch: int, config, context: int, temperature: flo
     """What the costs of `measure_round_costs(target, drafter, batch, config, context, ...)` depend on."""
     import jaxlib
 
-    import specjax
-    from specjax.bench.timing import _cpu_count, _cpu_model
+    from specjax.engine.clock import cpu_count as _cpu_count
+    from specjax.engine.clock import cpu_model as _cpu_model
 
     backend = jax.default_backend()
     return {
@@ -69,7 +71,7 @@ def cost_key(target, drafter, batch: int, config, context: int, temperature: flo
         "cpu_count": _cpu_count() if backend == "cpu" else None,
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
-        "specjax": specjax.__version__,
+        "specjax": __version__,
         "target": repr(target.config),
         "target_weights": _layout(target.params),
         "drafter": repr(drafter.without_weights()),

@@ -17,12 +17,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from specjax.core.acceptance import default_rule
+from specjax.core.loop import DEFAULT_CACHE, CacheConfig, eos_ids
+from specjax.core.sampling import SamplingConfig
+from specjax.core.state import LoopState, Plan
 from specjax.drafters import Drafter, DraftModel, as_drafter
-from specjax.engine.acceptance import default_rule
 from specjax.engine.generation import init_state, loop_round
-from specjax.engine.loop import DEFAULT_CACHE, CacheConfig, eos_ids
-from specjax.engine.sampling import SamplingConfig
-from specjax.engine.state import LoopState, Plan, draft_context
+from specjax.engine.rounds import draft_context
 from specjax.io.model import Model
 from specjax.trees.acceptance import default_tree_rule
 from specjax.trees.tree import Tree

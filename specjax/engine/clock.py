@@ -1,0 +1,56 @@
+"""Clocks read the right way (the engine's round-cost measurement and the bench share them).
+
+Every timed call ends in `jax.block_until_ready` (dispatch is asynchronous, so a clock read
+without it measures the launch, not the work), the first call of each program is a warm-up
+that compiles, and configurations are timed round-robin so that a noisy neighbour slows all
+of them alike; medians are reported.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Seconds until everything `fn` returns is computed."""
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - start
+
+
+def interleaved(fns: dict, repeats: int, warmup: int, progress=None) -> dict[object, list[float]]:
+    """Time every callable `repeats` times, round-robin, after `warmup` untimed calls each."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            jax.block_until_ready(fn())
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            times[name].append(timed(fn))
+            if progress is not None:
+                progress.update(1)
+    return times
+
+
+def median(values) -> float:
+    return float(statistics.median(values))
+
+
+def cpu_model() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
