@@ -25,7 +25,7 @@ from specjax.bench.prompts import load_prompts
 from specjax.bench.timing import environment, interleaved
 from specjax.core.loop import DEFAULT_CACHE
 from specjax.engine.round_costs import measure_round_costs
-from specjax.engine.timed_loops import loop_call
+from specjax.engine.timed_loops import TimedLoop
 
 KS = (0, 1, 2, 4, 8)
 
@@ -52,7 +52,7 @@ def main() -> None:
     policy_costs = measure_round_costs(target, draft, args.batch, config, context)
     loops = {k: ("step" if k == 0 else "round", target, None if k == 0 else draft, args.batch, k, context, 0.0)
              for k in KS}  # fmt: skip
-    four = {k: loop_call(*loop, None, DEFAULT_CACHE, None, inner=4) for k, loop in loops.items()}
+    four = {k: TimedLoop(*loop, None, DEFAULT_CACHE, None).call(4) for k, loop in loops.items()}
     old_times = interleaved(four, 3, warmup=1)
 
     rows = []

@@ -19,7 +19,7 @@ import numpy as np
 from specjax.bench.timing import interleaved, median, timed
 from specjax.core.loop import CacheConfig
 from specjax.drafters import Drafter, as_drafter
-from specjax.engine.timed_loops import draft_model_of, loop_call, loop_key
+from specjax.engine.timed_loops import TimedLoop, draft_model_of
 from specjax.io.model import Model
 from specjax.models import ModelConfig, forward, init_cache
 
@@ -114,10 +114,10 @@ class CostTable:
         """Plain decode steps at (capacity, fill, cache layout) shapes, timed round-robin."""
         loops = [("step", target, None, batch, 0, capacity, 0.0, fill, cache) for capacity, fill, cache in shapes]
         self._measure_loops(loops)
-        return [self._seconds[loop_key(*loop)] for loop in loops]
+        return [self._seconds[TimedLoop(*loop).key] for loop in loops]
 
     def _loop_seconds(self, part, target, draft, batch, k, context, temperature) -> float:
-        key = loop_key(part, target, draft, batch, k, context, temperature)
+        key = TimedLoop(part, target, draft, batch, k, context, temperature).key
         if key not in self._seconds:
             self._measure_loops([(part, target, draft, batch, k, context, temperature)])
         return self._seconds[key]
@@ -142,8 +142,8 @@ class CostTable:
         self._measure_loops(loops)
 
     def _measure_loops(self, loops: list[tuple]) -> None:
-        calls = {loop_key(*loop): loop for loop in loops}
-        calls = {key: loop_call(*loop, inner=self.inner) for key, loop in calls.items() if key not in self._seconds}
+        timed_loops = {loop.key: loop for loop in map(lambda spec: TimedLoop(*spec), loops)}
+        calls = {key: loop.call(self.inner) for key, loop in timed_loops.items() if key not in self._seconds}
         times = interleaved(calls, self.repeats, warmup=1)
         self._seconds.update({key: median(t) / self.inner for key, t in times.items()})
 

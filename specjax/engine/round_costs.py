@@ -21,11 +21,11 @@ from specjax.core.loop import DEFAULT_CACHE, CacheConfig
 from specjax.drafters import Drafter
 from specjax.engine.adaptive_policy import AdaptiveConfig
 from specjax.engine.clock import interleaved, median
-from specjax.engine.timed_loops import loop_call, loop_key
+from specjax.engine.timed_loops import TimedLoop
 from specjax.io.model import Model
 
 SHORT, LONG, REPEATS = 2, 10, 7
-_SECONDS: dict[tuple, float] = {}  # loop_key -> marginal seconds per iteration
+_SECONDS: dict[tuple, float] = {}  # TimedLoop.key -> marginal seconds per iteration
 
 
 def measure_round_costs(
@@ -54,10 +54,8 @@ def measure_round_costs(
     for label, drafted, tree in zip(config.labels, config.drafted, trees, strict=True):
         room = max(context, 2 * (drafted + 2))  # room for the rounds on a half-filled cache
         part, drafter = ("step", None) if drafted == 0 else ("round", draft)
-        loops[label] = (part, target, drafter, batch, drafted, room, temperature, None, cache, tree)
-    todo = {
-        loop_key(*loop): (label, loop) for label, loop in loops.items() if remeasure or loop_key(*loop) not in _SECONDS
-    }
+        loops[label] = TimedLoop(part, target, drafter, batch, drafted, room, temperature, None, cache, tree)
+    todo = {loop.key: (label, loop) for label, loop in loops.items() if remeasure or loop.key not in _SECONDS}
     if todo:
         names = ",".join(str(label) for label, _ in todo.values())
         steps = 2 * len(todo) * (1 + repeats)  # a compile and the timed calls of each loop length
@@ -66,7 +64,7 @@ def measure_round_costs(
             calls = {}
             for key, (_, loop) in todo.items():
                 for n in (SHORT, LONG):
-                    calls[(key, n)] = call = loop_call(*loop, inner=n)
+                    calls[(key, n)] = call = loop.call(n)
                     jax.block_until_ready(call())  # the warm-up that compiles
                     bar.update(1)
             times = interleaved(calls, repeats, warmup=0, progress=bar)
@@ -75,7 +73,7 @@ def measure_round_costs(
             # Noise can make the slope tiny or negative; a quarter of the long call's average is a
             # floor no real iteration goes under (the fixed cost is below three quarters of it).
             _SECONDS[key] = max((long - short) / (LONG - SHORT), 0.25 * long / LONG)
-    return {label: _SECONDS[loop_key(*loop)] for label, loop in loops.items()}
+    return {label: _SECONDS[loop.key] for label, loop in loops.items()}
 
 
 def _disabled(progress: bool | None) -> bool | None:

@@ -5,14 +5,16 @@ Each is a jitted `fori_loop` of `inner` iterations on one state built like a gen
 (a prompt filling half the cache unless `fill` says otherwise), rewound after every
 iteration so that any number of iterations fits the cache. Attention reads only the cache
 blocks below the fill (models/attention.py), so fill and capacity both matter. Shapes are
-static, so an iteration costs the same whatever it accepts. `loop_call` returns a callable
+static, so an iteration costs the same whatever it accepts. `TimedLoop.call` returns a callable
 for timing.interleaved: the caller times rounds and proposals side by side, round-robin,
 so that their ratio holds on a noisy machine.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -78,44 +80,41 @@ def _proposals(target_params, draft_weights, state: LoopState, inner: int):
     return state.replace(draft_state=draft_state), checksum
 
 
-def loop_key(
-    part: str,
-    target: Model,
-    draft,
-    batch: int,
-    k: int,
-    context: int,
-    temperature: float,
-    fill: int | None = None,
-    cache: CacheConfig = DEFAULT_CACHE,
-    tree: Tree | None = None,
-) -> tuple:
-    """What identifies a timed loop: its part, the arrays it reads (by identity) and its shapes."""
-    shape = (batch, context, temperature, fill, cache, tree)
-    if part == "step":
-        return (part, id(target.params), *shape)
-    drafter = as_drafter(draft)
-    weights = jax.tree.leaves(drafter.weights())
-    return (part, id(target.params), drafter.without_weights(), *map(id, weights), k, *shape)
+@dataclasses.dataclass(frozen=True, eq=False)
+class TimedLoop:
+    """One loop to time: `part` ("step", "round" or "propose") of `target` (and `draft`) at
+    batch `batch`, K = `k` (a tree's node count with `tree`), on a cache of `context` slots
+    holding `fill` committed tokens (default: half of them)."""
+
+    part: str
+    target: Model
+    draft: Any
+    batch: int
+    k: int
+    context: int
+    temperature: float
+    fill: int | None = None
+    cache: CacheConfig = DEFAULT_CACHE
+    tree: Tree | None = None
+
+    @property
+    def key(self) -> tuple:
+        """What identifies it: its part, the arrays it reads (by identity) and its shapes."""
+        shape = (self.batch, self.context, self.temperature, self.fill, self.cache, self.tree)
+        if self.part == "step":
+            return (self.part, id(self.target.params), *shape)
+        drafter = as_drafter(self.draft)
+        weights = jax.tree.leaves(drafter.weights())
+        return (self.part, id(self.target.params), drafter.without_weights(), *map(id, weights), self.k, *shape)
+
+    def call(self, inner: int):
+        """A callable running `inner` iterations; returns arrays to block on."""
+        return _loop_call(self, inner)
 
 
-def loop_call(
-    part: str,
-    target: Model,
-    draft,
-    batch: int,
-    k: int,
-    context: int,
-    temperature: float,
-    fill: int | None = None,
-    cache: CacheConfig = DEFAULT_CACHE,
-    tree: Tree | None = None,
-    *,
-    inner: int,
-):
-    """A callable running `inner` iterations of `part` on a cache of `context` slots holding
-    `fill` committed tokens (default: half of them); returns arrays to block on. With a
-    `tree`, rounds are tree rounds (k is then its node count)."""
+def _loop_call(loop: TimedLoop, inner: int):
+    part, target, draft, batch, k, context = loop.part, loop.target, loop.draft, loop.batch, loop.k, loop.context
+    temperature, fill, cache, tree = loop.temperature, loop.fill, loop.cache, loop.tree
     if part not in PARTS:
         raise ValueError(f"part must be one of {PARTS}, got {part!r}")
     sampling = SamplingConfig(temperature)
