@@ -31,7 +31,6 @@ from specjax.drafters.base import DraftContext, Drafter, Proposal, TreeProposal
 from specjax.drafters.draft_model import _draw
 from specjax.models import KVCache, ModelConfig, TreeMask, feature_layers, init_cache
 from specjax.models.heads import eagle_forward
-from specjax.models.heads import teacher_forced as teacher_forced  # re-export for specjax/engine/tune.py
 
 
 @struct.dataclass

@@ -91,7 +91,7 @@ def lookup(kind: str, given) -> tuple[str, Kind]:
     """(registered name, Kind) of `kind` (aliases resolved), after checking the keys `given`."""
     name = ALIASES.get(kind.replace("-", "_"), kind.replace("-", "_"))
     if name not in REGISTRY:
-        raise ValueError(f"unknown drafter kind {kind!r}; known kinds: {', '.join(REGISTRY)}")
+        raise ValueError(f"unknown drafter kind {kind!r}; known kinds: {', '.join(sorted(REGISTRY))}")
     entry, given = REGISTRY[name], set(given)
     if given - entry.allowed or entry.required - given:
         raise ValueError(
@@ -105,9 +105,10 @@ def spellings() -> str:
     """Every drafter spelling, for an unknown one's error (one line)."""
     heads = ", ".join(embedded_heads()) or "none installed"
     models = ", ".join([*sorted(RANDOM_PRESETS), *embedded_names()])
+    kinds = ", ".join(sorted(REGISTRY))
     return (
         f"prompt-lookup, layer-skip, layer-skip:N, a trained head ({heads}), a model ({models}), a local Hugging "
-        f"Face model directory or head directory, or a mapping {{kind: ...}} with kind one of {', '.join(REGISTRY)}"
+        f"Face model directory or head directory, or a mapping {{kind: ...}} with kind one of {kinds}"
     )
 
 

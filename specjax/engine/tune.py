@@ -31,11 +31,11 @@ import numpy as np
 from specjax.config import GenerationConfig
 from specjax.core.sampling import SamplingConfig, probabilities
 from specjax.drafters import DraftModel, Eagle, LayerSkip
-from specjax.drafters.eagle import teacher_forced
 from specjax.drafters.layer_skip import early_exit
 from specjax.engine.generation import prepared_generation
 from specjax.engine.plan import plan_generation
 from specjax.io.model import Model, logits
+from specjax.models.heads import teacher_forced
 from specjax.trees.tree import Tree
 
 
