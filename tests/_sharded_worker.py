@@ -39,6 +39,8 @@ DRAFT = TARGET.replace(hidden_size=32, intermediate_size=64, num_hidden_layers=1
 DRAFT = DRAFT.replace(tie_word_embeddings=True)
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13], [5, 6, 7], [40, 41, 42, 43], [2], [9, 9]]
 NEW, K = 12, 3
+CONFIG = specjax.GenerationConfig(max_new_tokens=NEW)
+SPEC = specjax.SpeculativeConfig(num_speculative_tokens=K)
 _COMPILES = []  # one entry per backend compilation (not importing specjax.bench saves seconds)
 jax.monitoring.register_event_duration_secs_listener(
     lambda event, duration, **kw: (
@@ -87,8 +89,8 @@ def check_cache(cache, mesh_shape, rows, kv) -> None:
 
 def run_meshes() -> None:
     target, draft = scaled(TARGET, 0), scaled(DRAFT, 1)
-    ref_plain = specjax.generate(target, PROMPTS, max_new_tokens=NEW).tokens
-    ref_spec = specjax.speculative_generate(target, draft, PROMPTS, num_speculative_tokens=K, max_new_tokens=NEW)
+    ref_plain = specjax.generate(target, PROMPTS, CONFIG).tokens
+    ref_spec = specjax.generate(target, PROMPTS, CONFIG, draft=draft, speculative=SPEC)
     probe = np.array([p + [0] * (7 - len(p)) for p in PROMPTS], np.int32)
     ref_logits = specjax.logits(target, probe)
     for shape in MESHES:
@@ -102,16 +104,14 @@ def run_meshes() -> None:
         err = float(np.max(np.abs(logits - ref_logits)))
         assert err <= 1e-5, (shape, err)
 
-        prepared = specjax.prepare_generate(st, PROMPTS, max_new_tokens=NEW)
+        prepared = specjax.prepare(st, PROMPTS, CONFIG)
         state = prepared.launch(NEW)
-        check_cache(state.cache, shape, 8, st.config.num_key_value_heads)
+        check_cache(state.target_cache, shape, 8, st.config.num_key_value_heads)
         assert shard_shape(state.tokens)[0] == 8 // shape[0]
         plain = prepared.collect(state).tokens
         assert plain == ref_plain, (shape, plain, ref_plain)
 
-        spec_prepared = specjax.prepare_speculative_generate(
-            st, sd, PROMPTS, num_speculative_tokens=K, max_new_tokens=NEW
-        )
+        spec_prepared = specjax.prepare(st, PROMPTS, CONFIG, draft=sd, speculative=SPEC)
         spec_state = spec_prepared.launch(NEW)
         check_cache(spec_state.target_cache, shape, 8, st.config.num_key_value_heads)
         spec = spec_prepared.collect(spec_state)
@@ -119,8 +119,8 @@ def run_meshes() -> None:
         assert spec.stats.acceptance_rate == ref_spec.stats.acceptance_rate
 
         before = compiled_programs()
-        again = specjax.generate(st, PROMPTS, max_new_tokens=NEW).tokens
-        again_spec = specjax.speculative_generate(st, sd, PROMPTS, num_speculative_tokens=K, max_new_tokens=NEW)
+        again = specjax.generate(st, PROMPTS, CONFIG).tokens
+        again_spec = specjax.generate(st, PROMPTS, CONFIG, draft=sd, speculative=SPEC)
         recompiles = compiled_programs() - before
         assert again == ref_plain and again_spec.tokens == ref_spec.tokens
         assert recompiles == 0, (shape, recompiles)
@@ -183,7 +183,7 @@ def run_distributed(process_id: int, port: int) -> None:
     assert jax.device_count() == 8 and jax.local_device_count() == 4, (jax.device_count(), jax.local_device_count())
     mesh = make_mesh(data=2, model=4)
     target = shard_model(scaled(TARGET, 0), mesh)
-    plain = specjax.generate(target, PROMPTS, max_new_tokens=NEW).tokens
+    plain = specjax.generate(target, PROMPTS, CONFIG).tokens
     print(json.dumps({"process": process_id, "tokens": plain}), flush=True)
 
 

@@ -94,7 +94,6 @@ def measure_acceptance(
     **sampling,
 ) -> np.ndarray:
     """[max_depth, max_rank]: P(rank-r candidate accepted at depth d + 1 | its parent was)."""
-    config = SamplingConfig(temperature, sampling.get("top_k"), sampling.get("top_p"))
     settings = {k: v for k, v in sampling.items() if k in ("top_k", "top_p", "min_p")}
     config = GenerationConfig.at_temperature(temperature, max_new_tokens=max_new_tokens, seed=seed, **settings)
     out = prepared_generation(target, *plan_generation(target, prompts, config), max_new_tokens, None, seed).run()
@@ -112,7 +111,7 @@ def measure_acceptance(
         if not t:
             continue
         span = slice(len(p) - 1, len(p) - 1 + len(t))  # positions predicting the generated tokens
-        a = _rank_probabilities(p_all[i, span], q_all[i, span], np.asarray(t), config, max_rank)  # [T, R]
+        a = _rank_probabilities(p_all[i, span], q_all[i, span], np.asarray(t), config.sampling, max_rank)  # [T, R]
         reach = np.ones(len(t))  # P(reaching depth d from a round starting at s), per s
         for d in range(max_depth):
             starts = len(t) - d  # rounds starting at s see depth d + 1 at position s + d
