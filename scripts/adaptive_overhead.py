@@ -35,22 +35,40 @@ def main() -> None:
     big = 1e3  # seconds: a K that costs this is never chosen after the first round
     adaptive = specjax.AdaptiveConfig
     calls = {
-        "plain": specjax.prepare_generate(target, prompts, max_new_tokens=args.new),
-        "adaptive K=0, 2 candidates": specjax.prepare_speculative_generate(
-            target, draft, prompts, 4, args.new, adaptive=adaptive(ks=(0, 4), costs={0: 1.0, 4: big}, probe_budget=1.0)
-        ),
-        "adaptive K=0, 5 candidates": specjax.prepare_speculative_generate(
+        "plain": specjax.prepare(target, prompts, specjax.GenerationConfig(max_new_tokens=args.new)),
+        "adaptive K=0, 2 candidates": specjax.prepare(
             target,
-            draft,
             prompts,
-            8,
-            args.new,
-            adaptive=adaptive(costs={0: 1.0, 1: big, 2: big, 4: big, 8: big}, probe_budget=1.0),
+            specjax.GenerationConfig(max_new_tokens=args.new),
+            draft=draft,
+            speculative=specjax.SpeculativeConfig(
+                num_speculative_tokens=4, adaptive=adaptive(ks=(0, 4), costs={0: 1.0, 4: big}, probe_budget=1.0)
+            ),
         ),
-        "adaptive, random draft, measured costs": specjax.prepare_speculative_generate(
-            target, random_draft, prompts, 8, args.new, adaptive=True
+        "adaptive K=0, 5 candidates": specjax.prepare(
+            target,
+            prompts,
+            specjax.GenerationConfig(max_new_tokens=args.new),
+            draft=draft,
+            speculative=specjax.SpeculativeConfig(
+                num_speculative_tokens=8,
+                adaptive=adaptive(costs={0: 1.0, 1: big, 2: big, 4: big, 8: big}, probe_budget=1.0),
+            ),
         ),
-        "static K=4, random draft": specjax.prepare_speculative_generate(target, random_draft, prompts, 4, args.new),
+        "adaptive, random draft, measured costs": specjax.prepare(
+            target,
+            prompts,
+            specjax.GenerationConfig(max_new_tokens=args.new),
+            draft=random_draft,
+            speculative=specjax.SpeculativeConfig(num_speculative_tokens=8, adaptive=True),
+        ),
+        "static K=4, random draft": specjax.prepare(
+            target,
+            prompts,
+            specjax.GenerationConfig(max_new_tokens=args.new),
+            draft=random_draft,
+            speculative=specjax.SpeculativeConfig(num_speculative_tokens=4),
+        ),
     }
     times = interleaved({k: (lambda p=p: p.launch()) for k, p in calls.items()}, args.repeats, warmup=1)
     seconds = {k: statistics.median(v) for k, v in times.items()}

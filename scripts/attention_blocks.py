@@ -20,23 +20,24 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-from specjax.engine.decode import decode_step
-from specjax.engine.decode import init_state as decode_init
 from tqdm.auto import tqdm
 
 from specjax.bench.timing import environment, interleaved, median
-from specjax.core.loop import CacheConfig
+from specjax.core.loop import CacheConfig, eos_ids
 from specjax.core.sampling import SamplingConfig
+from specjax.core.state import Plan
+from specjax.engine.generation import jit_init_state
+from specjax.engine.rounds import plain_round
 from specjax.io.presets import resolve_model
 
 GREEDY = SamplingConfig(0.0)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "inner"), donate_argnums=1)
-def _steps(params, state, config, inner: int):
+@functools.partial(jax.jit, static_argnames=("inner",), donate_argnums=1)
+def _steps(params, state, inner: int):
     def body_fn(_, s):
         # Rewind after each step: every step sees the same fill.
-        return decode_step(config, GREEDY, params, s).replace(lengths=state.lengths, done=state.done)
+        return plain_round(params, None, s).replace(lengths=state.lengths, done=state.done)
 
     return jax.lax.fori_loop(0, inner, body_fn, state)
 
@@ -45,22 +46,16 @@ def step_call(model, batch: int, fill: int, capacity: int, block: int | None, in
     cache = CacheConfig(block_size=block or capacity)
     prompt = jnp.ones((batch, fill), jnp.int32)
     lengths = jnp.full((batch,), fill, jnp.int32)
-    init = jax.jit(decode_init, static_argnums=(6, 7, 8))
-    state = init(
-        model.params,
-        prompt,
-        lengths,
-        jnp.int32(capacity),
-        jnp.int32(-1),
-        jax.random.key(0),
-        model.config,
-        capacity,
-        cache,
-    )
+    plan = Plan(model.config, None, 0, GREEDY, None, cache)  # plain decoding: no drafter
+    stop = jnp.asarray(eos_ids(None))  # [1]: matches nothing
+    state = jit_init_state(
+        model.params, None, prompt, lengths, jnp.int32(capacity), stop, jax.random.key(0), plan=plan,
+        cache_length=capacity,
+    )  # fmt: skip
 
     def call():
         nonlocal state
-        state = _steps(model.params, state, model.config, inner)
+        state = _steps(model.params, state, inner)
         return state.tokens
 
     return call

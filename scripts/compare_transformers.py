@@ -115,12 +115,16 @@ def main() -> None:
     # Every method returns (new token ids, stats). specjax device_gets its results, and torch
     # on CPU is synchronous, so a call's wall time is completed work in both frameworks.
     def specjax_plain():
-        out = specjax.generate(target, [ids], max_new_tokens=n, eos_token_id=None)
+        out = specjax.generate(target, [ids], specjax.GenerationConfig(max_new_tokens=n, eos_token_id=None))
         return out.tokens[0], out.stats
 
     def specjax_speculative():
-        out = specjax.speculative_generate(
-            target, draft, [ids], num_speculative_tokens=k, max_new_tokens=n, eos_token_id=None
+        out = specjax.generate(
+            target,
+            [ids],
+            specjax.GenerationConfig(max_new_tokens=n, eos_token_id=None),
+            draft=draft,
+            speculative=specjax.SpeculativeConfig(num_speculative_tokens=k),
         )
         return out.tokens[0], out.stats
 

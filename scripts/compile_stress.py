@@ -105,14 +105,17 @@ def _draw(rng: random.Random, pairs) -> dict:
 
 def _run(case: dict, pairs) -> tuple[specjax.GenerationOutput, tuple]:
     target, draft = pairs[case["pair"]]
-    common = dict(max_new_tokens=case["max_new_tokens"], temperature=case["temperature"], seed=case["seed"])
+    config = specjax.GenerationConfig.at_temperature(
+        case["temperature"], max_new_tokens=case["max_new_tokens"], seed=case["seed"]
+    )
     if case["method"] == "plain":
-        prepared = specjax.prepare_generate(target, case["prompts"], **common)
+        prepared = specjax.prepare(target, case["prompts"], config)
         k = 0
     else:
         drafter = draft if case["method"] == "draft_model" else specjax.PromptLookup()
         k = case["k"]
-        prepared = specjax.prepare_speculative_generate(target, drafter, case["prompts"], k, **common)
+        speculative = specjax.SpeculativeConfig(num_speculative_tokens=k)
+        prepared = specjax.prepare(target, case["prompts"], config, draft=drafter, speculative=speculative)
     rows = prompts_module._batch_bucket(len(case["prompts"]))
     prompt_bucket = prompts_module._bucket(max(len(p) for p in case["prompts"]))
     shape = (case["pair"], case["method"], k, case["temperature"] > 0, rows, prompt_bucket, prepared.cache_length)

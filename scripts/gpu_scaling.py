@@ -122,7 +122,7 @@ def main() -> None:
         drafts = {"replicated": replicate_model(draft, mesh)}
         with contextlib.suppress(ValueError):  # a draft whose heads do not split: replicated only
             drafts["sharded"] = shard_model(draft, mesh)
-        plain = specjax.prepare_generate(st, prompts, max_new_tokens=args.new)
+        plain = specjax.prepare(st, prompts, specjax.GenerationConfig(max_new_tokens=args.new))
         tokens = plain.run().tokens
         reference = reference or tokens
         row = {"mesh": f"{d}x{m}", "data": d, "model": m, "greedy_matches_1x1": tokens == reference}
@@ -130,8 +130,12 @@ def main() -> None:
         row["plain_step_seconds"] = row["plain_seconds"] / args.new
         row["tokens_per_second"] = args.batch * args.new / row["plain_seconds"]
         for layout, dm in drafts.items():
-            spec = specjax.prepare_speculative_generate(
-                st, dm, prompts, num_speculative_tokens=args.k, max_new_tokens=args.new
+            spec = specjax.prepare(
+                st,
+                prompts,
+                specjax.GenerationConfig(max_new_tokens=args.new),
+                draft=dm,
+                speculative=specjax.SpeculativeConfig(num_speculative_tokens=args.k),
             )
             state = spec.launch(args.new)
             rounds = int(jax.device_get(state.forwards))  # verify passes of the generation

@@ -47,8 +47,6 @@ import_specjax_from_this_repository()
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from specjax.engine.decode import prepare_generate  # noqa: E402
-from specjax.engine.speculative import prepare_speculative_generate  # noqa: E402
 from specjax.models import ModelConfig, forward, init_cache  # noqa: E402
 
 import specjax  # noqa: E402
@@ -139,7 +137,7 @@ def pooled_stats(outputs) -> dict:
 def measure_pair(args, target, draft, prompts, tune_prompts, results, out_path) -> list[dict]:
     rows = []
     requests = [prompts[i : i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
-    common = dict(max_new_tokens=args.max_new_tokens, seed=0)
+    common = dict(max_new_tokens=args.max_new_tokens, seed=0)  # GenerationConfig fields
     tables = {}
     for t in args.temperatures:
         start = time.perf_counter()
@@ -160,12 +158,13 @@ def measure_pair(args, target, draft, prompts, tune_prompts, results, out_path) 
     for t, label, kind, _name, tree, shape in specs:
         start = time.perf_counter()
         if kind == "plain":
-            prepared = [prepare_generate(target, r, temperature=t, **common) for r in requests]
+            config = specjax.GenerationConfig.at_temperature(t, **common)
+            prepared = [specjax.prepare(target, r, config) for r in requests]
         else:
+            config = specjax.GenerationConfig.at_temperature(t, **common)
             nodes = {"num_speculative_tokens": shape.num_nodes} if tree is None else {"tree": tree}
-            prepared = [
-                prepare_speculative_generate(target, draft, r, temperature=t, **common, **nodes) for r in requests
-            ]
+            speculative = specjax.SpeculativeConfig(**nodes)
+            prepared = [specjax.prepare(target, r, config, draft=draft, speculative=speculative) for r in requests]
         outputs = [p.run() for p in prepared]  # compiles (one program per prompt length)
         calls[t, label] = (prepared, outputs)
         log(f"T={t} {label}: compiled and ran in {time.perf_counter() - start:.1f} s")

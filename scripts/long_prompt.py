@@ -30,10 +30,10 @@ def one(length: int, chunk: int, model_name: str) -> dict:
     prompt = [np.random.default_rng(0).integers(0, model.config.vocab_size, size=length).tolist()]
     cache = specjax.CacheConfig(prefill_chunk=chunk)
     start = time.perf_counter()
-    specjax.generate(model, prompt, max_new_tokens=1, cache_config=cache)
+    specjax.generate(model, prompt, specjax.GenerationConfig(max_new_tokens=1, cache=cache))
     first = time.perf_counter() - start
     start = time.perf_counter()
-    out = specjax.generate(model, prompt, max_new_tokens=1, cache_config=cache)
+    out = specjax.generate(model, prompt, specjax.GenerationConfig(max_new_tokens=1, cache=cache))
     seconds = time.perf_counter() - start
     return {
         "prompt_tokens": length,

@@ -33,7 +33,7 @@ def main() -> None:
     target = specjax.init_model(config, 0)
     draft = specjax.init_model(config.replace(num_hidden_layers=1), 1)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [7]]
-    specjax.generate(target, prompts, max_new_tokens=4)
+    specjax.generate(target, prompts, specjax.GenerationConfig(max_new_tokens=4))
     limit = output.memory_mappings()[1]
     hold = []  # anonymous pages with alternating protections, so the kernel cannot merge them
     prots = [mmap.PROT_READ, mmap.PROT_READ | mmap.PROT_WRITE]
@@ -43,7 +43,13 @@ def main() -> None:
     print("filled to", output.memory_mappings(), flush=True)
     for k in range(1, 9):
         for n in (10, 80):  # two cache lengths: two programs per K
-            specjax.speculative_generate(target, draft, prompts, num_speculative_tokens=k, max_new_tokens=n)
+            specjax.generate(
+                target,
+                prompts,
+                specjax.GenerationConfig(max_new_tokens=n),
+                draft=draft,
+                speculative=specjax.SpeculativeConfig(num_speculative_tokens=k),
+            )
             print(f"K={k} new={n} mappings={output.memory_mappings()[0]} clears={output.cache_clears()}", flush=True)
     print("survived")
 

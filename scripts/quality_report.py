@@ -44,14 +44,12 @@ def main() -> None:
     for domain in ("code", "prose"):
         prompts = held_out_prompts(domain, args.prompts)
         for temperature in (0.0, 1.0):
-            out = specjax.speculative_generate(
+            out = specjax.generate(
                 target,
-                draft,
                 prompts,
-                num_speculative_tokens=args.num_speculative_tokens,
-                max_new_tokens=args.max_new_tokens,
-                temperature=temperature,
-                seed=0,
+                specjax.GenerationConfig.at_temperature(temperature, max_new_tokens=args.max_new_tokens, seed=0),
+                draft=draft,
+                speculative=specjax.SpeculativeConfig(num_speculative_tokens=args.num_speculative_tokens),
             )
             s = out.stats
             result["acceptance"][f"{domain}_T{temperature:g}"] = {

@@ -41,8 +41,19 @@ def main() -> None:
     source = Prompts(domain="code", count=max(args.batch, 8), prompt_bytes=96)
     prompts = load_prompts([source], target.tokenizer).tokens[: args.batch]
     new, short = 128, 16
-    calls = {0: specjax.prepare_generate(target, prompts, new)}
-    calls.update({k: specjax.prepare_speculative_generate(target, draft, prompts, k, new) for k in KS[1:]})
+    calls = {0: specjax.prepare(target, prompts, specjax.GenerationConfig(max_new_tokens=new))}
+    calls.update(
+        {
+            k: specjax.prepare(
+                target,
+                prompts,
+                specjax.GenerationConfig(max_new_tokens=new),
+                draft=draft,
+                speculative=specjax.SpeculativeConfig(num_speculative_tokens=k),
+            )
+            for k in KS[1:]
+        }
+    )
     fns = {(k, n): (lambda c=c, n=n: c.launch(n)) for k, c in calls.items() for n in (short, new)}
     times = interleaved(fns, args.repeats, warmup=1)
     iterations = {key: int(jax.device_get(fn().forwards)) for key, fn in fns.items()}

@@ -49,10 +49,16 @@ def main() -> None:
     # Each generate call ends with a device_get of its results, so timing the call is
     # timing completed work; the first call of each signature compiles and is discarded.
     def plain():
-        return specjax.generate(target, prompts, max_new_tokens=n)
+        return specjax.generate(target, prompts, specjax.GenerationConfig(max_new_tokens=n))
 
     def speculative(k):
-        return specjax.speculative_generate(target, draft, prompts, num_speculative_tokens=k, max_new_tokens=n)
+        return specjax.generate(
+            target,
+            prompts,
+            specjax.GenerationConfig(max_new_tokens=n),
+            draft=draft,
+            speculative=specjax.SpeculativeConfig(num_speculative_tokens=k),
+        )
 
     plain()
     for k in args.ks:

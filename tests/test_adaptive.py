@@ -59,7 +59,7 @@ def _drafters(noisy_draft, small_draft, target):
 
 @pytest.fixture(scope="module")
 def plain(target):
-    return specjax.generate(target, PROMPTS, max_new_tokens=NEW)
+    return specjax.generate(target, PROMPTS, specjax.GenerationConfig(max_new_tokens=NEW))
 
 
 @pytest.mark.parametrize(
@@ -74,10 +74,13 @@ def plain(target):
 def test_adaptive_greedy_equals_plain_greedy(target, noisy_draft, small_draft, plain, name, config):
     drafter = _drafters(noisy_draft, small_draft, target)[name]
     adaptive = {"cheap": CHEAP, "switching": SWITCHING}[config]
-    out = specjax.speculative_generate(
-        target, drafter, PROMPTS, num_speculative_tokens=4 if config == "cheap" else 2, max_new_tokens=NEW,
-        adaptive=adaptive,
-    )  # fmt: skip
+    out = specjax.generate(
+        target,
+        PROMPTS,
+        specjax.GenerationConfig(max_new_tokens=NEW),
+        draft=drafter,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=4 if config == "cheap" else 2, adaptive=adaptive),
+    )
     assert out.tokens == plain.tokens
     s, policy_stats = out.stats, out.stats.adaptive
     assert sum(policy_stats["rounds_per_k"].values()) == len(policy_stats["chosen_k"]) == s.target_forwards
@@ -203,7 +206,13 @@ TREES = specjax.AdaptiveConfig(
 @pytest.mark.parametrize("name", ["draft_model", "eagle"])
 def test_adaptive_trees_greedy_equals_plain_greedy(target, noisy_draft, small_draft, plain, name):
     drafter = _drafters(noisy_draft, small_draft, target)[name]
-    out = specjax.speculative_generate(target, drafter, PROMPTS, max_new_tokens=NEW, adaptive=TREES)
+    out = specjax.generate(
+        target,
+        PROMPTS,
+        specjax.GenerationConfig(max_new_tokens=NEW),
+        draft=drafter,
+        speculative=specjax.SpeculativeConfig(adaptive=TREES),
+    )
     assert out.tokens == plain.tokens
     chosen = out.stats.adaptive["rounds_per_k"]
     assert set(chosen) == {0, "tree0", "tree1"} and chosen["tree1"] >= 1  # the first round: the last tree
@@ -214,10 +223,22 @@ def test_policy_picks_plain_for_a_random_draft_and_k_max_for_a_perfect_one(targe
     # The relative round costs the embedded pair measured on this CPU.
     costs = specjax.AdaptiveConfig(costs={0: 1.0, 1: 1.72, 2: 1.99, 4: 2.07})
     random_draft = scaled_model(TARGET_CONFIG, seed=9)
-    out = specjax.speculative_generate(target, random_draft, RAGGED_PROMPTS, 4, max_new_tokens=40, adaptive=costs)
+    out = specjax.generate(
+        target,
+        RAGGED_PROMPTS,
+        specjax.GenerationConfig(max_new_tokens=40),
+        draft=random_draft,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=4, adaptive=costs),
+    )
     ks = out.stats.adaptive["rounds_per_k"]
     assert ks[0] >= 0.8 * sum(ks.values()), ks
-    perfect = specjax.speculative_generate(target, target, RAGGED_PROMPTS, 4, max_new_tokens=40, adaptive=costs)
+    perfect = specjax.generate(
+        target,
+        RAGGED_PROMPTS,
+        specjax.GenerationConfig(max_new_tokens=40),
+        draft=target,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=4, adaptive=costs),
+    )
     ks = perfect.stats.adaptive["rounds_per_k"]
     assert ks[4] >= 0.8 * sum(ks.values()), ks
     assert perfect.stats.accepted_per_position == [1.0] * 4
@@ -267,11 +288,12 @@ def test_sampling_with_k_switching_between_rounds_follows_the_target(pair8, rule
     """T = 1, rounds of K = 2, 0, 1, ... (SWITCHING): the joint of the first three tokens
     matches plain sampling; the same policy with a rule that accepts every draft fails."""
     target, draft = pair8
-    kwargs = dict(max_new_tokens=3, temperature=1.0)
-    plain = specjax.generate(target, [SAMPLE_PROMPT] * SAMPLES, seed=11, **kwargs)
+    config = specjax.GenerationConfig.at_temperature(1.0, max_new_tokens=3)
+    plain = specjax.generate(target, [SAMPLE_PROMPT] * SAMPLES, config.replace(seed=11))
     rule = None if rule_name == "exact" else always_accept_rule
-    out = specjax.speculative_generate(
-        target, draft, [SAMPLE_PROMPT] * SAMPLES, 2, seed=1, rule=rule, adaptive=SWITCHING, **kwargs
+    speculative = specjax.SpeculativeConfig(num_speculative_tokens=2, rule=rule, adaptive=SWITCHING)
+    out = specjax.generate(
+        target, [SAMPLE_PROMPT] * SAMPLES, config.replace(seed=1), draft=draft, speculative=speculative
     )
 
     def joint(tokens):
@@ -287,16 +309,34 @@ def test_sampling_with_k_switching_between_rounds_follows_the_target(pair8, rule
 
 
 def test_second_adaptive_call_compiles_nothing(target, noisy_draft, compiles):  # noqa: F811
-    specjax.speculative_generate(target, noisy_draft, RAGGED_PROMPTS, 4, max_new_tokens=12, adaptive=CHEAP)
+    specjax.generate(
+        target,
+        RAGGED_PROMPTS,
+        specjax.GenerationConfig(max_new_tokens=12),
+        draft=noisy_draft,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=4, adaptive=CHEAP),
+    )
     first = len(_generation_compiles(compiles))
     assert first >= 1
     other_costs = specjax.AdaptiveConfig(costs={0: 1.0, 1: 3.0, 2: 3.5, 4: 4.0})
-    out = specjax.speculative_generate(target, noisy_draft, RAGGED_PROMPTS, 4, max_new_tokens=12, adaptive=other_costs)
+    out = specjax.generate(
+        target,
+        RAGGED_PROMPTS,
+        specjax.GenerationConfig(max_new_tokens=12),
+        draft=noisy_draft,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=4, adaptive=other_costs),
+    )
     assert len(_generation_compiles(compiles)) == first  # costs are arrays, not part of the program
     assert out.stats.adaptive["costs_seconds"] == [1.0, 3.0, 3.5, 4.0]
     # How costs are got is no part of the program either; given costs are never measured or cached.
     quiet = dataclasses.replace(other_costs, progress=False, remeasure=True)
-    out = specjax.speculative_generate(target, noisy_draft, RAGGED_PROMPTS, 4, max_new_tokens=12, adaptive=quiet)
+    out = specjax.generate(
+        target,
+        RAGGED_PROMPTS,
+        specjax.GenerationConfig(max_new_tokens=12),
+        draft=noisy_draft,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=4, adaptive=quiet),
+    )
     assert len(_generation_compiles(compiles)) == first
     assert out.stats.adaptive["costs"] == dict(
         source="given", seconds=0.0, path=None, measured_at=None, measurement_seconds=None,
@@ -315,7 +355,9 @@ import specjax
 target = scaled_model(TARGET_CONFIG, seed=0)
 draft = noisy_copy(target, noise=0.1, seed=3)
 prompts, new = json.loads(sys.argv[2]), int(sys.argv[3])
-out = specjax.speculative_generate(target, draft, prompts, 2, max_new_tokens=new, adaptive=True)
+config = specjax.GenerationConfig(max_new_tokens=new)
+speculative = specjax.SpeculativeConfig(num_speculative_tokens=2, adaptive=True)
+out = specjax.generate(target, prompts, config, draft=draft, speculative=speculative)
 print(json.dumps({"tokens": out.tokens, "adaptive": out.stats.adaptive}))
 """
 
@@ -323,14 +365,20 @@ print(json.dumps({"tokens": out.tokens, "adaptive": out.stats.adaptive}))
 @pytest.fixture
 def few_repeats(monkeypatch):
     """Measuring times each loop twice, not seven times: these tests check where costs come from."""
-    from specjax.bench import round_costs
+    from specjax.engine import round_costs
 
     monkeypatch.setattr(round_costs, "REPEATS", 2)
     return round_costs
 
 
 def test_measured_costs_are_cached_on_disk_and_reused_by_another_process(target, noisy_draft, plain, few_repeats):
-    out = specjax.speculative_generate(target, noisy_draft, PROMPTS, 2, max_new_tokens=NEW, adaptive=True)
+    out = specjax.generate(
+        target,
+        PROMPTS,
+        specjax.GenerationConfig(max_new_tokens=NEW),
+        draft=noisy_draft,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=2, adaptive=True),
+    )
     assert out.tokens == plain.tokens
     costs, where = out.stats.adaptive["costs_seconds"], out.stats.adaptive["costs"]
     assert len(costs) == 3 and all(c > 0 for c in costs)
@@ -342,7 +390,13 @@ def test_measured_costs_are_cached_on_disk_and_reused_by_another_process(target,
     assert where["per_k_ms"] == {k: round(1e3 * c, 4) for k, c in zip((0, 1, 2), costs, strict=True)}
     # The same shape again in this process reads the file and measures nothing.
     measured = len(few_repeats._SECONDS)
-    again = specjax.speculative_generate(target, noisy_draft, PROMPTS, 2, max_new_tokens=NEW, adaptive=True)
+    again = specjax.generate(
+        target,
+        PROMPTS,
+        specjax.GenerationConfig(max_new_tokens=NEW),
+        draft=noisy_draft,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=2, adaptive=True),
+    )
     assert len(few_repeats._SECONDS) == measured
     assert again.stats.adaptive["costs"]["source"] == "cache"
     assert again.stats.adaptive["costs_seconds"] == costs
@@ -364,7 +418,13 @@ def test_remeasure_overwrites_and_a_corrupt_cache_is_measured_again(target, nois
     def run(**options):
         adaptive = specjax.AdaptiveConfig(**options)
         # The shape of the test above: its measurement and compiled loops serve this one.
-        return specjax.speculative_generate(target, noisy_draft, PROMPTS, 2, max_new_tokens=NEW, adaptive=adaptive)
+        return specjax.generate(
+            target,
+            PROMPTS,
+            specjax.GenerationConfig(max_new_tokens=NEW),
+            draft=noisy_draft,
+            speculative=specjax.SpeculativeConfig(num_speculative_tokens=2, adaptive=adaptive),
+        )
 
     first = run(progress=False).stats.adaptive["costs"]
     path = first["path"]
@@ -389,9 +449,23 @@ def test_remeasure_overwrites_and_a_corrupt_cache_is_measured_again(target, nois
 
 def test_adaptive_errors(target, noisy_draft):
     with pytest.raises(ValueError, match="exceed num_speculative_tokens=2"):
-        specjax.speculative_generate(target, noisy_draft, PROMPTS, 2, adaptive=specjax.AdaptiveConfig(ks=(0, 4)))
+        specjax.generate(
+            target,
+            PROMPTS,
+            specjax.GenerationConfig(),
+            draft=noisy_draft,
+            speculative=specjax.SpeculativeConfig(num_speculative_tokens=2, adaptive=specjax.AdaptiveConfig(ks=(0, 4))),
+        )
     with pytest.raises(ValueError, match=r"lack K=\[1, 2, 4\]"):
-        specjax.speculative_generate(target, noisy_draft, PROMPTS, 4, adaptive=specjax.AdaptiveConfig(costs={0: 1.0}))
+        specjax.generate(
+            target,
+            PROMPTS,
+            specjax.GenerationConfig(),
+            draft=noisy_draft,
+            speculative=specjax.SpeculativeConfig(
+                num_speculative_tokens=4, adaptive=specjax.AdaptiveConfig(costs={0: 1.0})
+            ),
+        )
     with pytest.raises(ValueError, match="decay must lie in"):
         specjax.AdaptiveConfig(decay=1.0)
     with pytest.raises(ValueError, match="objective must be 'makespan' or 'throughput'"):
@@ -399,7 +473,13 @@ def test_adaptive_errors(target, noisy_draft):
     with pytest.raises(ValueError, match="optimism, explore and first_optimism must be >= 0"):
         specjax.AdaptiveConfig(explore=-1.0)
     with pytest.raises(ValueError, match="pass no tree"):
-        specjax.speculative_generate(target, noisy_draft, PROMPTS, tree=specjax.Tree.chain(2), adaptive=CHEAP)
+        specjax.generate(
+            target,
+            PROMPTS,
+            specjax.GenerationConfig(),
+            draft=noisy_draft,
+            speculative=specjax.SpeculativeConfig(tree=specjax.Tree.chain(2), adaptive=CHEAP),
+        )
 
 
 def test_every_bench_config_loads_and_adaptive_twins():

@@ -87,10 +87,17 @@ def test_chunked_prefill_equals_one_shot(chunk):
 def test_generation_is_unchanged_by_blocks_and_chunks(target, noisy_draft, layout):
     prompts = [list(range(1, 40)), [4, 5, 6], [7] * 20]
     cache_config = specjax.CacheConfig(**layout)
-    plain = specjax.generate(target, prompts, max_new_tokens=30)
-    assert specjax.generate(target, prompts, max_new_tokens=30, cache_config=cache_config).tokens == plain.tokens
-    out = specjax.speculative_generate(
-        target, noisy_draft, prompts, num_speculative_tokens=3, max_new_tokens=30, cache_config=cache_config
+    plain = specjax.generate(target, prompts, specjax.GenerationConfig(max_new_tokens=30))
+    assert (
+        specjax.generate(target, prompts, specjax.GenerationConfig(max_new_tokens=30, cache=cache_config)).tokens
+        == plain.tokens
+    )
+    out = specjax.generate(
+        target,
+        prompts,
+        specjax.GenerationConfig(max_new_tokens=30, cache=cache_config),
+        draft=noisy_draft,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=3),
     )
     assert out.tokens == plain.tokens
 
@@ -99,16 +106,26 @@ def test_long_prompt_prefills_in_bounded_chunks():
     """A 6000-token prompt, prefilled 256 at a time, generates what a one-shot prefill does."""
     model = scaled_model(LONG, seed=2, scale=4.0)
     prompt = [list(np.random.default_rng(3).integers(0, LONG.vocab_size, size=6000))]
-    chunked = specjax.generate(model, prompt, max_new_tokens=8, cache_config=specjax.CacheConfig(prefill_chunk=256))
-    one_shot = specjax.generate(model, prompt, max_new_tokens=8, cache_config=specjax.CacheConfig(prefill_chunk=8192))
+    chunked = specjax.generate(
+        model, prompt, specjax.GenerationConfig(max_new_tokens=8, cache=specjax.CacheConfig(prefill_chunk=256))
+    )
+    one_shot = specjax.generate(
+        model, prompt, specjax.GenerationConfig(max_new_tokens=8, cache=specjax.CacheConfig(prefill_chunk=8192))
+    )
     assert chunked.tokens == one_shot.tokens and len(chunked.tokens[0]) == 8
 
 
 def test_bfloat16_cache_for_float32_params(target):
     prompts = [[1, 2, 3, 4], [5, 6]]
-    out = specjax.generate(target, prompts, max_new_tokens=12, cache_config=specjax.CacheConfig(dtype="bfloat16"))
-    state = specjax.init_speculative_state(
-        target, target, prompts, num_speculative_tokens=2, cache_config=specjax.CacheConfig(dtype="bfloat16")
+    out = specjax.generate(
+        target, prompts, specjax.GenerationConfig(max_new_tokens=12, cache=specjax.CacheConfig(dtype="bfloat16"))
+    )
+    state = specjax.init_state(
+        target,
+        prompts,
+        specjax.GenerationConfig(cache=specjax.CacheConfig(dtype="bfloat16")),
+        draft=target,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=2),
     )
     assert state.target_cache.dtype == "bfloat16" and state.draft_state.cache.dtype == "bfloat16"
     # Stored as bit patterns (an in-place integer scatter on CPU), read back as bfloat16.

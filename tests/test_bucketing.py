@@ -46,11 +46,13 @@ def _unbucketed(monkeypatch):
 
 
 def _prepare(method, target, small_draft, prompts, temperature):
-    kwargs = dict(max_new_tokens=NEW, temperature=temperature, seed=5)
+    config = specjax.GenerationConfig.at_temperature(temperature, max_new_tokens=NEW, seed=5)
     if method == "plain":
-        return specjax.prepare_generate(target, prompts, **kwargs)
+        return specjax.prepare(target, prompts, config)
     draft = small_draft if method == "draft_model" else _CountingLookup()
-    return specjax.prepare_speculative_generate(target, draft, prompts, num_speculative_tokens=3, **kwargs)
+    return specjax.prepare(
+        target, prompts, config, draft=draft, speculative=specjax.SpeculativeConfig(num_speculative_tokens=3)
+    )
 
 
 def _run(method, target, small_draft, prompts, temperature):
@@ -72,7 +74,7 @@ def test_padding_rows_copy_row_0_and_start_done(target):
     assert lengths.tolist() == [3, 17, 1, 3]
     assert prompt.shape == (4, 32) and done.tolist() == [False, False, False, True]
     assert [x.shape[0] for x in batch.loop_inputs(None, 0, padded=False)[:3]] == [3, 3, 3]
-    assert specjax.prepare_generate(target, PROMPTS[:3], max_new_tokens=8).batch_size == 3
+    assert specjax.prepare(target, PROMPTS[:3], specjax.GenerationConfig(max_new_tokens=8)).batch_size == 3
 
 
 @pytest.mark.parametrize("method", ["plain", "draft_model", "prompt_lookup"])
@@ -132,11 +134,11 @@ def test_batches_of_3_and_4_share_one_program(monkeypatch, target, bucketed):
     if not bucketed:
         _unbucketed(monkeypatch)
     jax.clear_caches()  # so that programs compiled by earlier tests do not hide a compile
-    kwargs = dict(max_new_tokens=9)
-    lookup = specjax.PromptLookup(max_ngram=2)
-    specjax.generate(target, PROMPTS[:4], **kwargs)
-    specjax.speculative_generate(target, lookup, PROMPTS[:4], num_speculative_tokens=2, **kwargs)
+    config = specjax.GenerationConfig(max_new_tokens=9)
+    lookup, k2 = specjax.PromptLookup(max_ngram=2), specjax.SpeculativeConfig(num_speculative_tokens=2)
+    specjax.generate(target, PROMPTS[:4], config)
+    specjax.generate(target, PROMPTS[:4], config, draft=lookup, speculative=k2)
     before = compiled_programs()
-    specjax.generate(target, PROMPTS[1:4], seed=1, **kwargs)
-    specjax.speculative_generate(target, lookup, PROMPTS[:3], num_speculative_tokens=2, **kwargs)
+    specjax.generate(target, PROMPTS[1:4], config.replace(seed=1))
+    specjax.generate(target, PROMPTS[:3], config, draft=lookup, speculative=k2)
     assert compiled_programs() - before == (0 if bucketed else 2)

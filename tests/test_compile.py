@@ -40,41 +40,57 @@ def _generation_compiles(names):
 
 
 def test_no_recompile_on_second_speculative_call(target, noisy_draft, compiles):
-    kwargs = dict(num_speculative_tokens=3, max_new_tokens=20)
-    specjax.speculative_generate(target, noisy_draft, RAGGED_PROMPTS, **kwargs)
+    config, k3 = specjax.GenerationConfig(max_new_tokens=20), specjax.SpeculativeConfig(num_speculative_tokens=3)
+    specjax.generate(target, RAGGED_PROMPTS, config, draft=noisy_draft, speculative=k3)
     first = len(_generation_compiles(compiles))
     assert first == 1
     # Same batch size, K and prompt bucket; different prompts, lengths, seed, EOS and a
     # max_new_tokens inside the same cache bucket.
     other = [list(reversed(p)) for p in RAGGED_PROMPTS[1:]] + [[5, 6, 7, 8, 9]]
-    specjax.speculative_generate(target, noisy_draft, other, seed=3, eos_token_id=4, **kwargs)
-    specjax.speculative_generate(target, noisy_draft, other, num_speculative_tokens=3, max_new_tokens=22)
+    specjax.generate(target, other, config.replace(seed=3, eos_token_id=4), draft=noisy_draft, speculative=k3)
+    specjax.generate(target, other, config.replace(max_new_tokens=22), draft=noisy_draft, speculative=k3)
     assert len(_generation_compiles(compiles)) == first
 
 
 def test_no_recompile_on_second_plain_call(target, compiles):
-    specjax.generate(target, RAGGED_PROMPTS, max_new_tokens=20)
+    specjax.generate(target, RAGGED_PROMPTS, specjax.GenerationConfig(max_new_tokens=20))
     first = len(_generation_compiles(compiles))
     assert first == 1
     # The longest prompt (17 tokens) and this one (20) share the 32-token bucket.
-    specjax.generate(target, [[9] * 20] * len(RAGGED_PROMPTS), max_new_tokens=21, seed=4)
+    specjax.generate(target, [[9] * 20] * len(RAGGED_PROMPTS), specjax.GenerationConfig(max_new_tokens=21, seed=4))
     assert len(_generation_compiles(compiles)) == first
 
 
 def test_speculative_step_compiles_once_across_rounds(target, noisy_draft, compiles):
-    state = specjax.init_speculative_state(
-        target, noisy_draft, RAGGED_PROMPTS, num_speculative_tokens=2, max_new_tokens=16
+    state = specjax.init_state(
+        target,
+        RAGGED_PROMPTS,
+        specjax.GenerationConfig(max_new_tokens=16),
+        draft=noisy_draft,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=2),
     )
     for _ in range(5):
-        state = specjax.speculative_step(target, noisy_draft, state)
+        state = specjax.step(target, state, draft=noisy_draft)
     assert len([n for n in compiles if "_round" in n]) == 1
 
 
 def test_new_k_is_a_new_program(target, noisy_draft, compiles):
     """The counter above is real: changing a static value does compile."""
-    specjax.speculative_generate(target, noisy_draft, RAGGED_PROMPTS, num_speculative_tokens=2, max_new_tokens=8)
+    specjax.generate(
+        target,
+        RAGGED_PROMPTS,
+        specjax.GenerationConfig(max_new_tokens=8),
+        draft=noisy_draft,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=2),
+    )
     before = len(_generation_compiles(compiles))
-    specjax.speculative_generate(target, noisy_draft, RAGGED_PROMPTS, num_speculative_tokens=4, max_new_tokens=8)
+    specjax.generate(
+        target,
+        RAGGED_PROMPTS,
+        specjax.GenerationConfig(max_new_tokens=8),
+        draft=noisy_draft,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=4),
+    )
     assert len(_generation_compiles(compiles)) == before + 1
 
 
@@ -82,8 +98,14 @@ def test_prepared_calls_time_one_program_for_every_token_budget(target, noisy_dr
     # The bench times latency with launch() and time-to-first-token with launch(1): both
     # must run the program compiled once, or TTFT would include a compile.
     for prepared in (
-        specjax.prepare_generate(target, RAGGED_PROMPTS, max_new_tokens=24),
-        specjax.prepare_speculative_generate(target, noisy_draft, RAGGED_PROMPTS, 3, max_new_tokens=24),
+        specjax.prepare(target, RAGGED_PROMPTS, specjax.GenerationConfig(max_new_tokens=24)),
+        specjax.prepare(
+            target,
+            RAGGED_PROMPTS,
+            specjax.GenerationConfig(max_new_tokens=24),
+            draft=noisy_draft,
+            speculative=specjax.SpeculativeConfig(num_speculative_tokens=3),
+        ),
     ):
         full = prepared.run()
         before = len(_generation_compiles(compiles))
@@ -98,19 +120,21 @@ def test_drafters_with_other_weights_share_one_program(target, noisy_draft, smal
     """A drafter is keyed by its configuration, never by its weights: two draft models of
     one config, or a layer skip over two targets of one config, reuse the program; another
     drafter configuration compiles anew."""
-    kwargs = dict(num_speculative_tokens=3, max_new_tokens=12)
+    config, k3 = specjax.GenerationConfig(max_new_tokens=12), specjax.SpeculativeConfig(num_speculative_tokens=3)
     other_draft = specjax.Model(noisy_draft.config, jax.tree.map(lambda x: x * 0.5, noisy_draft.params))
     other_target = specjax.Model(target.config, jax.tree.map(lambda x: x * 0.9, target.params))
-    specjax.speculative_generate(target, noisy_draft, RAGGED_PROMPTS, **kwargs)
-    specjax.speculative_generate(target, other_draft, RAGGED_PROMPTS, **kwargs)
+    specjax.generate(target, RAGGED_PROMPTS, config, draft=noisy_draft, speculative=k3)
+    specjax.generate(target, RAGGED_PROMPTS, config, draft=other_draft, speculative=k3)
     assert len(_generation_compiles(compiles)) == 1
-    specjax.speculative_generate(target, specjax.LayerSkip(1), RAGGED_PROMPTS, **kwargs)
-    specjax.speculative_generate(other_target, specjax.LayerSkip(1), RAGGED_PROMPTS, **kwargs)
+    specjax.generate(target, RAGGED_PROMPTS, config, draft=specjax.LayerSkip(1), speculative=k3)
+    specjax.generate(other_target, RAGGED_PROMPTS, config, draft=specjax.LayerSkip(1), speculative=k3)
     assert len(_generation_compiles(compiles)) == 2
-    specjax.speculative_generate(target, specjax.PromptLookup(max_ngram=2), RAGGED_PROMPTS, **kwargs)
-    specjax.speculative_generate(target, specjax.PromptLookup(max_ngram=2), [p[::-1] for p in RAGGED_PROMPTS], **kwargs)
+    specjax.generate(target, RAGGED_PROMPTS, config, draft=specjax.PromptLookup(max_ngram=2), speculative=k3)
+    specjax.generate(
+        target, [p[::-1] for p in RAGGED_PROMPTS], config, draft=specjax.PromptLookup(max_ngram=2), speculative=k3
+    )
     assert len(_generation_compiles(compiles)) == 3
-    specjax.speculative_generate(target, specjax.PromptLookup(max_ngram=3), RAGGED_PROMPTS, **kwargs)
+    specjax.generate(target, RAGGED_PROMPTS, config, draft=specjax.PromptLookup(max_ngram=3), speculative=k3)
     assert len(_generation_compiles(compiles)) == 4
 
 
@@ -118,9 +142,9 @@ def test_fill_changes_do_not_recompile_blockwise_attention(target, compiles):
     """A cache of several attention blocks: the number of blocks read follows the fill,
     a traced value, so prompts of other lengths in the same bucket reuse the program."""
     cache = specjax.CacheConfig(block_size=16, prefill_chunk=16)
-    specjax.generate(target, [[1] * 3, [2] * 20], max_new_tokens=60, cache_config=cache)
+    specjax.generate(target, [[1] * 3, [2] * 20], specjax.GenerationConfig(max_new_tokens=60, cache=cache))
     first = len(_generation_compiles(compiles))
     assert first == 1
-    specjax.generate(target, [[3] * 31, [4] * 17], max_new_tokens=60, cache_config=cache)
-    specjax.generate(target, [[5] * 18, [6] * 2], max_new_tokens=50, seed=2, cache_config=cache)
+    specjax.generate(target, [[3] * 31, [4] * 17], specjax.GenerationConfig(max_new_tokens=60, cache=cache))
+    specjax.generate(target, [[5] * 18, [6] * 2], specjax.GenerationConfig(max_new_tokens=50, seed=2, cache=cache))
     assert len(_generation_compiles(compiles)) == first

@@ -136,10 +136,13 @@ def test_greedy_matches_transformers_generate(family):
     name, hf, model = family
     expected = [hf_greedy(hf, prompt) for prompt in PROMPTS]
     assert all(len(set(e)) >= 3 for e in expected), f"degenerate reference {expected}: the test would prove little"
-    assert specjax.generate(model, PROMPTS, max_new_tokens=MAX_NEW).tokens == expected
+    assert specjax.generate(model, PROMPTS, specjax.GenerationConfig(max_new_tokens=MAX_NEW)).tokens == expected
     if name in ("gemma2", "gemma3"):  # the blockwise path and chunked prefill, under the window
         blocks = specjax.CacheConfig(block_size=4, prefill_chunk=8)
-        assert specjax.generate(model, PROMPTS, max_new_tokens=MAX_NEW, cache_config=blocks).tokens == expected
+        assert (
+            specjax.generate(model, PROMPTS, specjax.GenerationConfig(max_new_tokens=MAX_NEW, cache=blocks)).tokens
+            == expected
+        )
 
 
 # Rotary frequencies are constants of the program: llama3 and yarn stand for linear and dynamic.
@@ -147,8 +150,14 @@ def test_greedy_matches_transformers_generate(family):
 def test_speculative_greedy_with_same_family_draft_equals_greedy(family):
     _, _, model = family
     draft = noisy_copy(model, noise=0.3, seed=1)
-    plain = specjax.generate(model, PROMPTS, max_new_tokens=MAX_NEW)
-    spec = specjax.speculative_generate(model, draft, PROMPTS, num_speculative_tokens=3, max_new_tokens=MAX_NEW)
+    plain = specjax.generate(model, PROMPTS, specjax.GenerationConfig(max_new_tokens=MAX_NEW))
+    spec = specjax.generate(
+        model,
+        PROMPTS,
+        specjax.GenerationConfig(max_new_tokens=MAX_NEW),
+        draft=draft,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=3),
+    )
     assert spec.tokens == plain.tokens
     assert 0 < spec.stats.acceptance_rate < 1, "the draft should be close but not exact"
 
@@ -221,10 +230,14 @@ def test_tree_speculation_with_a_windowed_target_equals_greedy(family):
     _, _, model = family
     draft = noisy_copy(model, noise=0.3, seed=1)
     tree = specjax.Tree.from_paths([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])  # 6 slots <= WINDOW
-    plain = specjax.generate(model, PROMPTS, max_new_tokens=MAX_NEW).tokens
+    plain = specjax.generate(model, PROMPTS, specjax.GenerationConfig(max_new_tokens=MAX_NEW)).tokens
     for cache_config in (None, specjax.CacheConfig(block_size=4)):
-        out = specjax.speculative_generate(
-            model, draft, PROMPTS, max_new_tokens=MAX_NEW, tree=tree, cache_config=cache_config
+        out = specjax.generate(
+            model,
+            PROMPTS,
+            specjax.GenerationConfig(max_new_tokens=MAX_NEW, cache=cache_config),
+            draft=draft,
+            speculative=specjax.SpeculativeConfig(tree=tree),
         )
         assert out.tokens == plain
 

@@ -86,12 +86,22 @@ def test_bad_feature_layers_are_clear_errors():
     head = eagle(model, LAYERS)
     two = scaled_model(TARGET_CONFIG, seed=0)  # same width and vocabulary, 2 layers: no block 2
     with pytest.raises(ValueError, match=r"feature layers \[2\] do not exist: the model has 2 layers"):
-        specjax.speculative_generate(two, head, [[1, 2]], max_new_tokens=4)
+        specjax.generate(two, [[1, 2]], specjax.GenerationConfig(max_new_tokens=4), draft=head)
     without_reduce = {k: v for k, v in head.params.items() if k != "reduce"}
     with pytest.raises(ValueError, match="lack a reduce matrix"):
-        specjax.speculative_generate(model, specjax.Eagle(without_reduce, head.config, feature_layers=LAYERS), [[1]])
+        specjax.generate(
+            model,
+            [[1]],
+            specjax.GenerationConfig(),
+            draft=specjax.Eagle(without_reduce, head.config, feature_layers=LAYERS),
+        )
     with pytest.raises(ValueError, match=r"reduce matrix reads 64 features, but feature_layers=\(0, 1, 2\) gives 96"):
-        specjax.speculative_generate(model, specjax.Eagle(head.params, head.config, feature_layers=(0, 1, 2)), [[1]])
+        specjax.generate(
+            model,
+            [[1]],
+            specjax.GenerationConfig(),
+            draft=specjax.Eagle(head.params, head.config, feature_layers=(0, 1, 2)),
+        )
 
 
 def eagle(target: specjax.Model, layers, seed: int = 0, scale: float = 8.0) -> specjax.Eagle:
@@ -112,7 +122,13 @@ def test_multi_layer_head_holds_the_targets_layer_features_by_position(target):
     the concatenated block outputs a cache-free full forward computes there."""
     head = eagle(target, LAYERS)
     assert head.needs_features == LAYERS  # what the engine passes to forward(features=...)
-    state = specjax.init_speculative_state(target, head, RAGGED_PROMPTS, num_speculative_tokens=3, max_new_tokens=20)
+    state = specjax.init_state(
+        target,
+        RAGGED_PROMPTS,
+        specjax.GenerationConfig(max_new_tokens=20),
+        draft=head,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=3),
+    )
     run = jax.jit(full_forward, static_argnums=(0, 3))
     for _ in range(4):
         lengths, live = np.asarray(state.lengths), ~np.asarray(state.done)
@@ -120,15 +136,16 @@ def test_multi_layer_head_holds_the_targets_layer_features_by_position(target):
         for b in np.flatnonzero(live):
             held = np.asarray(state.draft_state.features[b, : lengths[b] - 1])
             np.testing.assert_allclose(held, np.asarray(features[b, : lengths[b] - 1]), atol=2e-4, rtol=2e-4)
-        state = specjax.speculative_step(target, head, state)
+        state = specjax.step(target, state, draft=head)
 
 
 @pytest.mark.parametrize("tree", [None, Tree.full(2, 3)], ids=["chain", "tree"])
 def test_greedy_with_a_multi_layer_head_equals_plain_greedy(target, tree):
     head = eagle(target, LAYERS)
-    plain = specjax.generate(target, RAGGED_PROMPTS, max_new_tokens=24)
-    kwargs = dict(num_speculative_tokens=3, max_new_tokens=24, tree=tree)
-    out = specjax.speculative_generate(target, head, RAGGED_PROMPTS, **kwargs)
+    plain = specjax.generate(target, RAGGED_PROMPTS, specjax.GenerationConfig(max_new_tokens=24))
+    speculative = specjax.SpeculativeConfig(num_speculative_tokens=3, tree=tree)
+    config = specjax.GenerationConfig(max_new_tokens=24)
+    out = specjax.generate(target, RAGGED_PROMPTS, config, draft=head, speculative=speculative)
     assert out.tokens == plain.tokens
     assert out.stats.accepted_tokens > 0
 
@@ -141,9 +158,9 @@ def test_save_load_round_trip_keeps_the_layers_and_old_heads_still_load(target, 
     assert loaded.params["reduce"].shape == (2 * THREE.hidden_size, THREE.hidden_size)
     for a, b in zip(jax.tree.leaves(head.params), jax.tree.leaves(loaded.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    kwargs = dict(num_speculative_tokens=3, max_new_tokens=12)
-    a = specjax.speculative_generate(target, head, RAGGED_PROMPTS, **kwargs)
-    b = specjax.speculative_generate(target, loaded, RAGGED_PROMPTS, **kwargs)
+    config, k3 = specjax.GenerationConfig(max_new_tokens=12), specjax.SpeculativeConfig(num_speculative_tokens=3)
+    a = specjax.generate(target, RAGGED_PROMPTS, config, draft=head, speculative=k3)
+    b = specjax.generate(target, RAGGED_PROMPTS, config, draft=loaded, speculative=k3)
     assert a.tokens == b.tokens and a.stats == b.stats
     with pytest.raises(
         ValueError,

@@ -55,7 +55,13 @@ def test_heads_receive_the_targets_hidden_states_at_the_right_positions(target, 
     """After the prefill and after every round, the head holds the target's hidden states up
     to position length - 2 (the last verified one), as a cache-free full forward computes them:
     Medusa the one at length - 2, EAGLE all of them by position."""
-    state = specjax.init_speculative_state(target, heads, RAGGED_PROMPTS, num_speculative_tokens=3, max_new_tokens=20)
+    state = specjax.init_state(
+        target,
+        RAGGED_PROMPTS,
+        specjax.GenerationConfig(max_new_tokens=20),
+        draft=heads,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=3),
+    )
     for _ in range(5):
         lengths = np.asarray(state.lengths)
         # The whole buffer: slots past a row's length cannot reach earlier positions (causal).
@@ -69,18 +75,28 @@ def test_heads_receive_the_targets_hidden_states_at_the_right_positions(target, 
             for b in np.flatnonzero(live):
                 held = np.asarray(state.draft_state.features[b, : lengths[b] - 1])
                 np.testing.assert_allclose(held, np.asarray(features[b, : lengths[b] - 1]), atol=2e-4, rtol=2e-4)
-        state = specjax.speculative_step(target, heads, state)
+        state = specjax.step(target, state, draft=heads)
 
 
 @pytest.mark.parametrize("tree", [None, Tree.full(2, 3)], ids=["chain", "tree"])
 def test_greedy_with_heads_equals_plain_greedy(target, heads, tree):
     if tree is not None and not heads.supports_trees:
         with pytest.raises(ValueError, match="cannot expand a token tree"):
-            specjax.speculative_generate(target, heads, RAGGED_PROMPTS, tree=tree)
+            specjax.generate(
+                target,
+                RAGGED_PROMPTS,
+                specjax.GenerationConfig(),
+                draft=heads,
+                speculative=specjax.SpeculativeConfig(tree=tree),
+            )
         return
-    plain = specjax.generate(target, RAGGED_PROMPTS, max_new_tokens=24)
-    out = specjax.speculative_generate(
-        target, heads, RAGGED_PROMPTS, num_speculative_tokens=3, max_new_tokens=24, tree=tree
+    plain = specjax.generate(target, RAGGED_PROMPTS, specjax.GenerationConfig(max_new_tokens=24))
+    out = specjax.generate(
+        target,
+        RAGGED_PROMPTS,
+        specjax.GenerationConfig(max_new_tokens=24),
+        draft=heads,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=3, tree=tree),
     )
     assert out.tokens == plain.tokens
     assert out.stats.accepted_tokens > 0 and out.stats.drafter["kind"] == heads.name
@@ -109,16 +125,14 @@ def test_sampling_with_heads_follows_the_target(rule_name, kind, tree):
     heads = random_heads(VOCAB8, num_heads=2, seed=3, scale=4.0) if kind == "medusa" else random_eagle(target, 3, 8.0)
     expected = _exact_joint(target, specjax.SamplingConfig(temperature=1.0))
     wrong = always_accept_rule if tree is None else tree_no_residual_rule
-    out = specjax.speculative_generate(
+    out = specjax.generate(
         target,
-        heads,
         [PROMPT] * SAMPLES,
-        num_speculative_tokens=2,
-        max_new_tokens=2,
-        temperature=1.0,
-        seed=1,
-        tree=tree,
-        rule=None if rule_name == "exact" else wrong,
+        specjax.GenerationConfig.at_temperature(1.0, max_new_tokens=2, seed=1),
+        draft=heads,
+        speculative=specjax.SpeculativeConfig(
+            num_speculative_tokens=2, rule=None if rule_name == "exact" else wrong, tree=tree
+        ),
     )
     tokens = np.asarray(out.tokens)
     p_value = chi_square_p_value(tokens[:, 0] * 8 + tokens[:, 1], expected)
@@ -135,8 +149,20 @@ def test_save_load_round_trip_and_wrong_target(target, heads, tmp_path):
     assert loaded.without_weights() == heads.without_weights()
     for a, b in zip(jax.tree.leaves(heads.params), jax.tree.leaves(loaded.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    a = specjax.speculative_generate(target, heads, RAGGED_PROMPTS, num_speculative_tokens=3, max_new_tokens=12)
-    b = specjax.speculative_generate(target, loaded, RAGGED_PROMPTS, num_speculative_tokens=3, max_new_tokens=12)
+    a = specjax.generate(
+        target,
+        RAGGED_PROMPTS,
+        specjax.GenerationConfig(max_new_tokens=12),
+        draft=heads,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=3),
+    )
+    b = specjax.generate(
+        target,
+        RAGGED_PROMPTS,
+        specjax.GenerationConfig(max_new_tokens=12),
+        draft=loaded,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=3),
+    )
     assert a.tokens == b.tokens and a.stats == b.stats
     other = scaled_model(TARGET_CONFIG.replace(hidden_size=64, intermediate_size=64), seed=0)
     with pytest.raises(ValueError, match=r"trained for tiny-target.*hidden size 32"):
@@ -145,7 +171,13 @@ def test_save_load_round_trip_and_wrong_target(target, heads, tmp_path):
         specjax.load_drafter(tmp_path / "head", TARGET_CONFIG.replace(vocab_size=64))
     if heads.name == "medusa":
         with pytest.raises(ValueError, match="at most 4 tokens"):
-            specjax.speculative_generate(target, loaded, [[1, 2]], num_speculative_tokens=5)
+            specjax.generate(
+                target,
+                [[1, 2]],
+                specjax.GenerationConfig(),
+                draft=loaded,
+                speculative=specjax.SpeculativeConfig(num_speculative_tokens=5),
+            )
     with pytest.raises(ValueError, match="not a specjax head directory"):
         specjax.load_drafter(tmp_path)
 
@@ -236,8 +268,12 @@ def test_embedded_heads_decode_exactly_and_are_accepted(name):
     target = specjax.load_model("stdlib-target")
     head = specjax.load_drafter(name, target)
     prompts = ["def parse_args(self):\n", "import os\n"]
-    plain = specjax.generate(target, prompts, max_new_tokens=32)
-    for kwargs in (dict(num_speculative_tokens=4), dict(tree=Tree.full(2, 3))):
-        out = specjax.speculative_generate(target, head, prompts, max_new_tokens=32, **kwargs)
+    plain = specjax.generate(target, prompts, specjax.GenerationConfig(max_new_tokens=32))
+    config = specjax.GenerationConfig(max_new_tokens=32)
+    for speculative in (
+        specjax.SpeculativeConfig(num_speculative_tokens=4),
+        specjax.SpeculativeConfig(tree=Tree.full(2, 3)),
+    ):
+        out = specjax.generate(target, prompts, config, draft=head, speculative=speculative)
         assert out.tokens == plain.tokens
         assert out.stats.mean_acceptance_length > 1.8

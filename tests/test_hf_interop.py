@@ -98,7 +98,7 @@ def test_logits_match_transformers(hf_pair):
 
 def test_greedy_matches_transformers_generate(hf_pair):
     hf, model = hf_pair
-    out = specjax.generate(model, PROMPTS, max_new_tokens=MAX_NEW)
+    out = specjax.generate(model, PROMPTS, specjax.GenerationConfig(max_new_tokens=MAX_NEW))
     for prompt, tokens in zip(PROMPTS, out.tokens, strict=True):
         expected = hf_greedy(hf, prompt)
         assert len(set(expected)) >= 4, f"degenerate reference {expected}: the test would prove little"
@@ -217,8 +217,14 @@ def test_speculative_greedy_with_hf_models_equals_target_greedy(hf_target_dir, d
         config = HF_CONFIGS["gpt2"]()
     target = specjax.load_model(hf_target_dir)
     draft = specjax.load_model(save_hf(make_hf(config, seed=1), tmp_path))
-    plain = specjax.generate(target, PROMPTS, max_new_tokens=MAX_NEW)
-    spec = specjax.speculative_generate(target, draft, PROMPTS, num_speculative_tokens=3, max_new_tokens=MAX_NEW)
+    plain = specjax.generate(target, PROMPTS, specjax.GenerationConfig(max_new_tokens=MAX_NEW))
+    spec = specjax.generate(
+        target,
+        PROMPTS,
+        specjax.GenerationConfig(max_new_tokens=MAX_NEW),
+        draft=draft,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=3),
+    )
     assert spec.tokens == plain.tokens
 
 

@@ -95,7 +95,7 @@ def pair8():
 
 SAMPLINGS = {
     "t1": dict(temperature=1.0),
-    "t0.7_topk5_topp0.9": dict(temperature=0.7, top_k=5, top_p=0.9),
+    "t0.7_topk5_topp0.9_minp0.1": dict(temperature=0.7, top_k=5, top_p=0.9, min_p=0.1),
 }
 
 
@@ -109,16 +109,9 @@ def test_speculative_sampling_joint_of_first_two_tokens(pair8, sampling_name, ru
     assert 0.5 * np.abs(expected - draft_joint).sum() > 0.2, "draft too close to target for a negative control"
 
     rule = None if rule_name == "exact" else always_accept_rule
-    out = specjax.speculative_generate(
-        target,
-        draft,
-        [PROMPT] * SAMPLES,
-        num_speculative_tokens=2,
-        max_new_tokens=2,
-        seed=1,
-        rule=rule,
-        **kwargs,
-    )
+    config = specjax.GenerationConfig.at_temperature(max_new_tokens=2, seed=1, **kwargs)
+    speculative = specjax.SpeculativeConfig(num_speculative_tokens=2, rule=rule)
+    out = specjax.generate(target, [PROMPT] * SAMPLES, config, draft=draft, speculative=speculative)
     tokens = np.asarray(out.tokens)
     p_value = chi_square_p_value(tokens[:, 0] * 8 + tokens[:, 1], expected)
     if rule_name == "exact":
@@ -131,7 +124,9 @@ def test_speculative_sampling_joint_of_first_two_tokens(pair8, sampling_name, ru
 def test_plain_sampling_joint_of_first_two_tokens(pair8):
     target, _ = pair8
     expected = _exact_joint(target, specjax.SamplingConfig(temperature=1.0))
-    out = specjax.generate(target, [PROMPT] * SAMPLES, max_new_tokens=2, temperature=1.0, seed=2)
+    out = specjax.generate(
+        target, [PROMPT] * SAMPLES, specjax.GenerationConfig.at_temperature(1.0, max_new_tokens=2, seed=2)
+    )
     tokens = np.asarray(out.tokens)
     assert chi_square_p_value(tokens[:, 0] * 8 + tokens[:, 1], expected) > P_VALUE_PASS
 
@@ -139,9 +134,19 @@ def test_plain_sampling_joint_of_first_two_tokens(pair8):
 def test_acceptance_differs_between_greedy_and_sampling(pair8):
     target, draft = pair8
     prompts = [PROMPT] * 64
-    greedy = specjax.speculative_generate(target, draft, prompts, num_speculative_tokens=3, max_new_tokens=16)
-    sampled = specjax.speculative_generate(
-        target, draft, prompts, num_speculative_tokens=3, max_new_tokens=16, temperature=1.0
+    greedy = specjax.generate(
+        target,
+        prompts,
+        specjax.GenerationConfig(max_new_tokens=16),
+        draft=draft,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=3),
+    )
+    sampled = specjax.generate(
+        target,
+        prompts,
+        specjax.GenerationConfig.at_temperature(1.0, max_new_tokens=16),
+        draft=draft,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=3),
     )
     assert greedy.stats.acceptance_rate != sampled.stats.acceptance_rate
 
@@ -153,8 +158,12 @@ def test_same_seed_same_output_and_seeds_differ(target, noisy_draft):
     prompts = [[1, 2, 3], [4, 5]] * 4
 
     def run(seed):
-        return specjax.speculative_generate(
-            target, noisy_draft, prompts, num_speculative_tokens=3, max_new_tokens=16, temperature=1.0, seed=seed
+        return specjax.generate(
+            target,
+            prompts,
+            specjax.GenerationConfig.at_temperature(1.0, max_new_tokens=16, seed=seed),
+            draft=noisy_draft,
+            speculative=specjax.SpeculativeConfig(num_speculative_tokens=3),
         ).tokens
 
     first = run(7)
@@ -172,3 +181,29 @@ def test_top_k_and_top_p_truncate_the_distribution():
     np.testing.assert_allclose(nucleus, np.array([0.5, 0.2, 0.15, 0, 0]) / 0.85, rtol=1e-5)
     cold = np.asarray(specjax.probabilities(logits, specjax.SamplingConfig(0.5)))
     np.testing.assert_allclose(cold, np.array([0.5, 0.2, 0.15, 0.1, 0.05]) ** 2 / 0.325, rtol=1e-5)
+    # min_p 0.25: the floor is 0.25 x 0.5 = 0.125, so 0.15 stays and 0.1 goes.
+    floor = np.asarray(specjax.probabilities(logits, specjax.SamplingConfig(1.0, min_p=0.25)))
+    np.testing.assert_allclose(floor, np.array([0.5, 0.2, 0.15, 0, 0]) / 0.85, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [dict(temperature=0.7, top_k=20, top_p=0.8, min_p=0.05), dict(temperature=1.3, min_p=0.2), dict(top_p=0.5)],
+)
+def test_filters_match_transformers_logits_processors(settings):
+    """The filter chain equals Hugging Face's sampling processors in HF's order (temperature,
+    top-k, top-p, min-p) on random logits: same kept tokens, same renormalised probabilities."""
+    import torch
+    from transformers import GenerationConfig as HFGenerationConfig
+    from transformers.generation.utils import GenerationMixin
+
+    logits = np.random.default_rng(0).normal(scale=3.0, size=(4, 64)).astype(np.float32)
+    hf = HFGenerationConfig(do_sample=True, **{"temperature": 1.0, "top_k": 0, **settings})
+    processors = GenerationMixin._get_logits_processor(
+        GenerationMixin(), hf, input_ids_seq_length=1, encoder_input_ids=None, prefix_allowed_tokens_fn=None,
+        logits_processor=[],
+    )  # fmt: skip
+    scores = processors(torch.zeros((4, 1), dtype=torch.long), torch.from_numpy(logits))
+    expected = torch.softmax(scores, dim=-1).numpy()
+    ours = specjax.GenerationConfig.at_temperature(**{"temperature": 1.0, **settings}).sampling
+    np.testing.assert_allclose(np.asarray(specjax.probabilities(jnp.asarray(logits), ours)), expected, atol=1e-6)

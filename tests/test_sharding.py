@@ -44,7 +44,9 @@ def _json_lines(text: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def unsharded():
     """Plain greedy tokens on this process's one device (the worker checks speculative == plain)."""
-    return specjax.generate(worker.scaled(worker.TARGET, 0), worker.PROMPTS, max_new_tokens=worker.NEW).tokens
+    return specjax.generate(
+        worker.scaled(worker.TARGET, 0), worker.PROMPTS, specjax.GenerationConfig(max_new_tokens=worker.NEW)
+    ).tokens
 
 
 def test_every_mesh_matches_unsharded(unsharded):

@@ -2,7 +2,7 @@
 
 A rule is a pure function of one round's drafts and the two models' distributions, so a
 new verification scheme (lossy, typical, tree) is a new function here, passed as
-`speculative_generate(..., rule=...)`; the round itself never changes.
+`SpeculativeConfig(rule=...)`; the round itself never changes.
 """
 
 from __future__ import annotations

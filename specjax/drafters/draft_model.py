@@ -156,7 +156,7 @@ def check_vocabulary(draft: ModelConfig, target: ModelConfig) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class DraftModel(Drafter):
-    """A separate draft `Model` (the classic draft/target pair). `speculative_generate`
+    """A separate draft `Model` (the classic draft/target pair). `generate(..., draft=model)`
     wraps a plain `Model` passed as `draft` in this.
 
     catch_up: width of the per-round catch-up forward; it must bound how far the draft

@@ -56,7 +56,7 @@ from flax import struct
 
 @dataclasses.dataclass(frozen=True)
 class AdaptiveConfig:
-    """How `speculative_generate(..., adaptive=...)` chooses K each round.
+    """How `SpeculativeConfig(adaptive=...)` chooses K each round.
 
     ks: the candidate K values (0 = a plain step); None: 0, 1, 2, 4, 8, ... up to K_MAX,
       and K_MAX itself. Each is one compiled branch, so a few are enough.

@@ -211,7 +211,7 @@ class PreparedGeneration:
     the final loop state without waiting for it (JAX dispatch is asynchronous), so a
     benchmark can time `jax.block_until_ready(launch(n))`. Every n runs the same compiled
     program: the token budget is a traced value and the cache is sized for
-    `max_new_tokens`. `run()` is what `generate` / `speculative_generate` return.
+    `max_new_tokens`. `run()` is what `specjax.generate` returns.
     """
 
     max_new_tokens: int
