@@ -37,7 +37,7 @@ class GenerationConfig:
       turns a filter off (HF's top_k defaults to 50; here no filter is on unless you ask).
     eos_token_id: a stop token id or a list of them; None: generate max_new_tokens.
     seed: the sampling stream (traced).
-    cache: the KV-cache layout (dtype, attention block, prefill chunk).
+    cache: the KV-cache layout (dtype, attention block, prefill chunk); None: the default.
     """
 
     max_new_tokens: int = 64
@@ -53,8 +53,12 @@ class GenerationConfig:
     def __post_init__(self):
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
-        if isinstance(self.cache, Mapping):
+        if self.cache is None:  # "no preference" (as HF reads None): the default layout
+            object.__setattr__(self, "cache", DEFAULT_CACHE)
+        elif isinstance(self.cache, Mapping):
             object.__setattr__(self, "cache", CacheConfig(**self.cache))
+        if not isinstance(self.cache, CacheConfig):
+            raise ValueError(f"cache must be a CacheConfig, a mapping of its fields or None, got {self.cache!r}")
         if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if self.do_sample and not self.temperature > 0:
@@ -89,8 +93,6 @@ class GenerationConfig:
         configs and CLI, and of the keyword arguments before this class)."""
         if not temperature >= 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        if fields.get("cache") is None:
-            fields.pop("cache", None)
         return cls(do_sample=temperature > 0, temperature=temperature if temperature > 0 else 1.0, **fields)
 
 

@@ -70,6 +70,15 @@ def test_generate_rejects(target, kwargs, message):
         specjax.generate(target, PROMPTS, specjax.GenerationConfig.at_temperature(**kwargs))
 
 
+def test_cache_none_means_the_default_layout():
+    """HF reads None as "no preference": GenerationConfig(cache=None) is the default layout,
+    not a None that the prefill meets first (a tree test once died there)."""
+    assert specjax.GenerationConfig(cache=None).cache == specjax.CacheConfig()
+    assert specjax.GenerationConfig(cache={"block_size": 4}).cache == specjax.CacheConfig(block_size=4)
+    with pytest.raises(ValueError, match="cache must be a CacheConfig"):
+        specjax.GenerationConfig(cache="bf16")
+
+
 def test_bad_model_configs():
     with pytest.raises(ValueError, match="multiple of num_key_value_heads"):
         TARGET_CONFIG.replace(num_key_value_heads=3)
