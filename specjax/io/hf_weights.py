@@ -350,6 +350,12 @@ def _gpt2_to_hf(cfg: ModelConfig, params: dict) -> dict:
     return out
 
 
+def params_from_hf(cfg: ModelConfig, get: Getter) -> dict:
+    """Params for a Llama-family `cfg` from `get(hf_name, hf_shape)`, whatever holds the
+    tensors (a safetensors checkpoint here, a GGUF file in specjax/io/gguf_file.py)."""
+    return _llama_from_hf(cfg, get)
+
+
 def read_params(directory: Path, cfg: ModelConfig) -> dict:
     """Params for `cfg` from the safetensors checkpoint in `directory`, in `cfg.dtype`."""
     with CheckpointReader(directory, cfg.dtype) as reader:
@@ -359,20 +365,20 @@ def read_params(directory: Path, cfg: ModelConfig) -> dict:
             params = _llama_from_hf(cfg, reader.get)
         # A tied checkpoint may still carry a copy of the embedding as lm_head.
         reader.check_all_used(ignore=("lm_head.weight",) if cfg.tie_word_embeddings else ())
-    _check_layout(cfg, params)
+    check_layout(cfg, params)
     return params
 
 
 def write_params(path: Path, cfg: ModelConfig, params: dict) -> None:
     """Write `params` as one HF-layout safetensors file at `path`."""
-    _check_layout(cfg, params)
+    check_layout(cfg, params)
     tensors = (_gpt2_to_hf if cfg.model_type == "gpt2" else _llama_to_hf)(cfg, params)
     arrays = {name: np.ascontiguousarray(np.asarray(x)) for name, x in tensors.items()}
     # transformers refuses safetensors files whose metadata does not name a format.
     save_file(arrays, str(path), metadata={"format": "pt"})
 
 
-def _check_layout(cfg: ModelConfig, params: dict) -> None:
+def check_layout(cfg: ModelConfig, params: dict) -> None:
     """Params must have exactly the tree and shapes the model of `cfg` merges with."""
     expected = jax.eval_shape(lambda: init_params(cfg))
     if jax.tree.structure(params) != jax.tree.structure(expected):

