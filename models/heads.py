@@ -2,7 +2,7 @@
 
 Parameter init, the forward passes and the teacher-forced / unrolled training passes live
 here; the drafters that run them inside a decoding round (drafters/eagle.py and
-drafters/medusa.py) and head training (training/heads.py) import them. Like the rest of
+drafters/medusa.py) and head training (training/train_heads.py) import them. Like the rest of
 models/, this file imports only jax, flax, numpy and its sibling modules.
 
 EAGLE-style head (Li et al. 2024): at position p the head reads x_p = fc([embed(token_p);

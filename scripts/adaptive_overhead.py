@@ -6,7 +6,7 @@ timed round-robin (medians). A ratio near 1 means the switch, the policy and the
 cost nothing a plain step would not. A random-weight draft under the measured costs shows
 what probing a useless draft costs on top.
 
-    python scripts/adaptive_overhead.py --out results/adaptive_overhead.json
+    python scripts/adaptive_overhead.py --out results/adaptive_overhead/adaptive_overhead.json
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--new", type=int, default=128, help="tokens per generation")
     parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--out", default="results/adaptive_overhead.json")
+    parser.add_argument("--out", default="results/adaptive_overhead/adaptive_overhead.json")
     args = parser.parse_args()
 
     target, draft = specjax.load_model("stdlib-target"), specjax.load_model("stdlib-draft")

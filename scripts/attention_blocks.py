@@ -7,7 +7,7 @@ slots holding `fill` committed tokens, for each block size, round-robin in one p
 so the ratios are comparable on a shared machine. "full" is one block as large as the
 cache: every slot is read, masked (the behaviour before blockwise attention).
 
-    python scripts/attention_blocks.py --model stdlib-target --out results/attention_blocks.json
+    python scripts/attention_blocks.py --model stdlib-target --out results/attention_blocks/attention_blocks.json
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--blocks", default="full,128,256,512,1024")
     parser.add_argument("--inner", type=int, default=16, help="decode steps per timed sample")
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--out", default="results/attention_blocks.json")
+    parser.add_argument("--out", default="results/attention_blocks/attention_blocks.json")
     args = parser.parse_args()
 
     model = resolve_model(args.model)

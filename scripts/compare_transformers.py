@@ -14,7 +14,7 @@ shared machine hits all methods alike; medians are compared. Greedy outputs are 
 against specjax plain decoding (fp32 numerics can differ across frameworks: reported, not
 asserted). The default pair is the embedded one; --target/--draft take any local HF pair.
 
-    python scripts/compare_transformers.py --out results/transformers_comparison.json
+    python scripts/compare_transformers.py --out results/transformers_comparison/transformers_comparison.json
 """
 
 from __future__ import annotations
@@ -70,7 +70,9 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4, help="draft tokens per round (num_speculative_tokens)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=Path("results/transformers_comparison.json"))
+    parser.add_argument(
+        "--out", type=Path, default=Path("results/transformers_comparison/transformers_comparison.json")
+    )
     args = parser.parse_args()
     n, k = args.max_new_tokens, args.k
     transformers.utils.logging.disable_progress_bar()

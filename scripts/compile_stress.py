@@ -14,9 +14,9 @@ next compile fails inside `backend_compile_and_load`. specjax clears JAX's cache
 that (specjax/runtime.py `bound_live_programs`); --no-guard switches that off to reproduce
 the crash.
 
-    python scripts/compile_stress.py --out results/compile_stress.json
-    python scripts/compile_stress.py --no-bucketing --out results/compile_stress_no_bucketing.json
-    python scripts/compile_stress.py --no-guard --out results/compile_stress_no_guard.json
+    python scripts/compile_stress.py --out results/compile_stress/compile_stress.json
+    python scripts/compile_stress.py --no-bucketing --out results/compile_stress/compile_stress_no_bucketing.json
+    python scripts/compile_stress.py --no-guard --out results/compile_stress/compile_stress_no_guard.json
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def main() -> None:
     parser.add_argument("--clear-caches-every", type=int, default=0, help="jax.clear_caches() every N calls (0: never)")
     parser.add_argument("--no-bucketing", action="store_true", help="run every batch at its own size")
     parser.add_argument("--no-guard", action="store_true", help="never clear caches near vm.max_map_count")
-    parser.add_argument("--out", type=Path, default=Path("results/compile_stress.json"))
+    parser.add_argument("--out", type=Path, default=Path("results/compile_stress/compile_stress.json"))
     args = parser.parse_args()
 
     faulthandler.enable()

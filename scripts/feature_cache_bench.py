@@ -1,7 +1,7 @@
 """Head training with the target's features computed on the fly vs cached to disk (issue 12).
 
     python scripts/feature_cache_bench.py --config configs/eagle_head.yaml --steps 30 \\
-        --out results/feature_cache.json
+        --out results/feature_cache/feature_cache.json
 
 Both paths train the same head from the same initial weights on the same N batches
 (training_batch(seed, step)), so their losses must agree step for step (reported):
@@ -36,8 +36,8 @@ from specjax.models.heads import head_config, head_passes, target_logits
 from specjax.configs import load_config
 from specjax.io.presets import resolve_model
 from specjax.training.data import training_batch
-from specjax.training.heads import HeadTrainConfig, _kind, _step, eagle_objective
 from specjax.training.train import make_optimizer
+from specjax.training.train_heads import HeadTrainConfig, _kind, _step, eagle_objective
 
 
 def target_side(target_config, layers, target_params, tokens):
@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="rounds of the three phases; medians are reported")
     parser.add_argument("--cache-dtype", default="float32", choices=["float32", "float16"])
     parser.add_argument("--cache-dir", default=None, help="where the memmap goes (default: a temporary directory)")
-    parser.add_argument("--out", default="results/feature_cache.json")
+    parser.add_argument("--out", default="results/feature_cache/feature_cache.json")
     args = parser.parse_args()
 
     config = load_config(HeadTrainConfig, args.config, args.set)

@@ -88,7 +88,7 @@ def _timed(fn, repeats: int) -> float:
 
 
 def _allreduce(mesh, megabytes: float) -> float:
-    from specjax.bench.scaling import measure_allreduce  # only the function: no matplotlib needed
+    from specjax.bench.experiments.e10_scaling import measure_allreduce  # only the function: no matplotlib needed
 
     return measure_allreduce(mesh, megabytes)["bus_bytes_per_second"]
 

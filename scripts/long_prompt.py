@@ -4,7 +4,7 @@ Each (prompt length, prefill chunk) runs in its own process, so the peak residen
 (ru_maxrss) belongs to that prefill alone. One run is `generate(..., max_new_tokens=1)`:
 the prefill plus one decode step. The first call compiles; the second is timed.
 
-    python scripts/long_prompt.py --lengths 1024,4096,16384,32768 --out results/long_prompt.json
+    python scripts/long_prompt.py --lengths 1024,4096,16384,32768 --out results/long_prompt/long_prompt.json
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def main() -> None:
     parser.add_argument("--model", default="random-target")
     parser.add_argument("--lengths", default="1024,4096,16384,32768")
     parser.add_argument("--chunks", default="512,0", help="prefill chunks; 0 = one shot (chunk = prompt length)")
-    parser.add_argument("--out", default="results/long_prompt.json")
+    parser.add_argument("--out", default="results/long_prompt/long_prompt.json")
     parser.add_argument("--one", nargs=3, metavar=("LENGTH", "CHUNK", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:

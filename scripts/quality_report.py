@@ -1,6 +1,6 @@
 """Quality of a target/draft pair: held-out bits/byte and speculative acceptance per domain.
 
-    python scripts/quality_report.py --target stdlib-target --draft stdlib-draft --out results/quality.json
+    python scripts/quality_report.py --target stdlib-target --draft stdlib-draft --out results/quality/quality.json
 
 Bits/byte are measured on the validation split (windows of 256 bytes); acceptance on
 prompts cut from the test split (64-byte prompts, 64 new tokens, K=4, greedy and T=1),
@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=32, help="held-out prompts per domain")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--out", type=Path, default=Path("results/quality.json"))
+    parser.add_argument("--out", type=Path, default=Path("results/quality/quality.json"))
     args = parser.parse_args()
 
     target, draft = resolve_model(args.target), resolve_model(args.draft)

@@ -7,7 +7,7 @@ dispatch and the host-side collection. Beside it, the costs the policy reads
 (engine/round_costs.py: the slope between loops of 2 and 10 iterations) and the same loops
 timed the old way (4 iterations per call, the call's fixed cost divided over them).
 
-    python scripts/round_cost_check.py --batch 1 --out results/round_cost_check_b1.json
+    python scripts/round_cost_check.py --batch 1 --out results/round_cost_check/round_cost_check_b1.json
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from pathlib import Path
 import jax
 
 import specjax
-from specjax.bench.config import Prompts
-from specjax.bench.prompts import load_prompts
+from specjax.bench.prompt_sets import Prompts, load_prompts
 from specjax.bench.timing import environment, interleaved
 from specjax.core.loop import DEFAULT_CACHE
 from specjax.engine.round_costs import measure_round_costs
@@ -34,7 +33,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", default="results/round_cost_check.json")
+    parser.add_argument("--out", default="results/round_cost_check/round_cost_check.json")
     args = parser.parse_args()
 
     target, draft = specjax.load_model("stdlib-target"), specjax.load_model("stdlib-draft")

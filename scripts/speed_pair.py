@@ -5,8 +5,10 @@ cost of a round (K draft steps + one verify) against plain steps. On the embedde
 trained pair it measures a real speedup. Plain and speculative runs are interleaved in
 one process and the medians compared, so the ratio holds on a noisy shared machine.
 
-    python scripts/speed_pair.py --target random-target --draft random-draft --out results/speed_random_pair.json
-    python scripts/speed_pair.py --target stdlib-target --draft stdlib-draft --out results/speed_stdlib_pair.json
+    python scripts/speed_pair.py --target random-target --draft random-draft \\
+        --out results/speed_pair/speed_random_pair.json
+    python scripts/speed_pair.py --target stdlib-target --draft stdlib-draft \\
+        --out results/speed_pair/speed_stdlib_pair.json
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=Path("results/speed_pair.json"))
+    parser.add_argument("--out", type=Path, default=Path("results/speed_pair/speed_pair.json"))
     args = parser.parse_args()
 
     target, draft = resolve_model(args.target), resolve_model(args.draft, seed=1)

@@ -7,8 +7,8 @@ from matrix-vector to matrix-matrix. This script times forwards of widths 1..16 
 context, in one process per XLA flag set (flags are read at startup), widths round-robin
 within each process, and reports cost(w) / cost(1) and milliseconds per forward.
 
-    python scripts/verify_width_cpu.py --out results/verify_width_cpu.json
-    python scripts/verify_width_cpu.py --matmul --out results/verify_width_matmul.json
+    python scripts/verify_width_cpu.py --out results/verify_width_cpu/verify_width_cpu.json
+    python scripts/verify_width_cpu.py --matmul --out results/verify_width_cpu/verify_width_matmul.json
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--rounds", type=int, default=2, help="each variant's process runs this often, alternating")
-    parser.add_argument("--out", default="results/verify_width_cpu.json")
+    parser.add_argument("--out", default="results/verify_width_cpu/verify_width_cpu.json")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--matmul", action="store_true", help="time one [768, 8192] fp32 weight product instead")
     args = parser.parse_args()

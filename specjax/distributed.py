@@ -1,5 +1,5 @@
-"""`specjax.distributed.initialize(...)`: multi-host runs (see specjax/parallel/distributed.py)."""
+"""`specjax.distributed.initialize(...)`: multi-host runs (see specjax/parallel/multihost.py)."""
 
-from specjax.parallel.distributed import initialize, is_coordinator, shutdown
+from specjax.parallel.multihost import initialize, is_coordinator, shutdown
 
 __all__ = ["initialize", "is_coordinator", "shutdown"]

@@ -177,7 +177,7 @@ def check_loading(target, mesh) -> None:
 
 def run_distributed(process_id: int, port: int) -> None:
     """One of two processes on localhost with 4 CPU devices each: a (2, 4) mesh over both."""
-    from specjax.parallel.distributed import initialize
+    from specjax.parallel.multihost import initialize
 
     initialize(f"localhost:{port}", num_processes=2, process_id=process_id, cpu_collectives="gloo")
     assert jax.device_count() == 8 and jax.local_device_count() == 4, (jax.device_count(), jax.local_device_count())

@@ -487,7 +487,7 @@ def test_every_bench_config_loads_and_adaptive_twins():
     twin per (batch, temperature, drafter) with K_MAX = the largest K among its specs."""
     from pathlib import Path
 
-    from specjax.bench.config import BenchConfig
+    from specjax.bench.bench_config import BenchConfig
     from specjax.bench.measure import RunSpec, adaptive_specs_for
     from specjax.configs import load_config
 

@@ -14,7 +14,7 @@ from conftest import TARGET_CONFIG, noisy_copy, scaled_model
 import specjax
 from specjax.bench import EXPERIMENTS, BenchConfig, plots, run_bench
 from specjax.bench.compiles import compiled_programs
-from specjax.bench.cost import (
+from specjax.bench.cost_model import (
     batch_tokens_per_round,
     expected_tokens_per_round,
     forward_estimate,
@@ -22,6 +22,7 @@ from specjax.bench.cost import (
     kv_cache_bytes,
     matmul_parameters,
 )
+from specjax.bench.experiments import e03_k_sweep, e06_waste
 from specjax.bench.report import PREDICTION_TOLERANCE, ROW_FIELDS, prediction_flag, prediction_flags
 from specjax.cli import main
 from specjax.configs import from_dict
@@ -213,8 +214,8 @@ def test_e6_histogram_is_bars(monkeypatch):
         | {"correction_per_round": 0.5, "bonus_per_round": 0.5, "wasted_per_round": 1.0}
         for k, histogram in ((1, [4, 6]), (3, [2, 3, 1, 4]))
     ]
-    assert plots.acceptance_histogram(rows) == {"K=1": [0.4, 0.6], "K=3": [0.2, 0.3, 0.1, 0.4]}
-    histogram = _figure(monkeypatch, plots.waste, {"rows": rows}).axes[1]
+    assert e06_waste.acceptance_histogram(rows) == {"K=1": [0.4, 0.6], "K=3": [0.2, 0.3, 0.1, 0.4]}
+    histogram = _figure(monkeypatch, e06_waste.plot, {"rows": rows}).axes[1]
     assert not histogram.lines
     heights = sorted(round(p.get_height(), 6) for p in histogram.patches)
     assert heights == sorted([0.4, 0.6, 0.2, 0.3, 0.1, 0.4])
@@ -236,7 +237,7 @@ def test_optimum_markers_sit_on_the_measured_and_predicted_best(monkeypatch):
     assert plots.optimum(static, "num_speculative_tokens") == (2, 1.7)
     assert plots.optimum(static, "num_speculative_tokens", "predicted_speedup") == (4, 1.9)
     assert plots.spread(static[:1], "speedup_vs_plain") == [[pytest.approx(0.1)], [pytest.approx(0.05)]]
-    ax = _figure(monkeypatch, plots.k_sweep, {"rows": [plain, *rows]}).axes[0]
+    ax = _figure(monkeypatch, e03_k_sweep.plot, {"rows": [plain, *rows]}).axes[0]
     marks = {line.get_label().split(":")[0]: (line.get_xdata()[0], line.get_ydata()[0]) for line in ax.lines}
     assert marks["measured optimum"] == (2, 1.7)  # not the adaptive twin's 1.8 at K=4
     assert marks["predicted optimum"] == (4, 1.9)

@@ -12,9 +12,8 @@ from conftest import TARGET_CONFIG, scaled_model
 
 import specjax
 from specjax.bench import BenchConfig, run_bench
-from specjax.bench.config import Prompts
-from specjax.bench.cost import CostTable, round_seconds
-from specjax.bench.prompts import encode, load_prompts, read_source
+from specjax.bench.cost_model import CostTable, round_seconds
+from specjax.bench.prompt_sets import Prompts, encode, load_prompts, read_source
 from specjax.configs import from_dict
 from specjax.io.tokenizer import ByteTokenizer
 

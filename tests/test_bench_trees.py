@@ -11,7 +11,7 @@ from conftest import TARGET_CONFIG, noisy_copy, scaled_model
 
 import specjax
 from specjax.bench import BenchConfig, run_bench
-from specjax.bench.trees import _summary, candidates
+from specjax.bench.experiments.e09_trees import _summary, candidates
 from specjax.configs import from_dict
 from specjax.io.tokenizer import ByteTokenizer
 from specjax.trees import Tree

@@ -73,7 +73,7 @@ def test_version_and_help_texts(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"specjax {specjax.__version__}"
-    from specjax.bench.config import EXPERIMENTS
+    from specjax.bench.bench_config import EXPERIMENTS
     from specjax.cli import build_parser
 
     subcommands = build_parser()._subparsers._group_actions[0].choices

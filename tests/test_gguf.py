@@ -208,7 +208,7 @@ def test_gguf_and_hf_directory_of_the_same_weights_agree(tmp_path):
 def test_bad_files_are_clear_errors(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf file at all")
-    with pytest.raises(ValueError, match="cannot read .* as GGUF"):
+    with pytest.raises(ValueError, match=r"cannot read .* as GGUF"):
         specjax.load_model(str(bad))
     with pytest.raises(ValueError, match="no such GGUF file"):
         specjax.load_model(str(tmp_path / "missing.gguf"))

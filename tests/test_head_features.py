@@ -20,7 +20,7 @@ from test_hf_interop import make_hf, save_hf
 
 import specjax
 from specjax.core.loop import CacheConfig, prefill
-from specjax.training.heads import eagle_loss
+from specjax.training.train_heads import eagle_loss
 from specjax.trees import Tree
 
 THREE = TARGET_CONFIG.replace(num_hidden_layers=3)

@@ -20,7 +20,7 @@ from specjax.configs import dump_config, load_config
 from specjax.core.acceptance import always_accept_rule
 from specjax.io.tokenizer import ByteTokenizer
 from specjax.training.data import training_batch
-from specjax.training.heads import HeadTrainConfig, eagle_loss, medusa_loss, train_head
+from specjax.training.train_heads import HeadTrainConfig, eagle_loss, medusa_loss, train_head
 from specjax.trees import Tree, tree_no_residual_rule
 
 

@@ -121,7 +121,7 @@ def test_model_the_mesh_cannot_split_names_the_numbers():
 
 def test_e10_config_loads_and_bad_scaling_sections_fail():
     from specjax.bench import BenchConfig
-    from specjax.bench.config import Scaling
+    from specjax.bench.experiments.e10_scaling import Scaling
     from specjax.configs import load_config
 
     config = load_config(BenchConfig, Path(__file__).parents[1] / "configs" / "e10_scaling.yaml")

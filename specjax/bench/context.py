@@ -7,24 +7,27 @@ the acceptance that E1 measured, and each number in results.json is measured onc
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import jax
 from tqdm.auto import tqdm
 
-from specjax.bench.config import BenchConfig, ModelSpec
-from specjax.bench.cost import CostTable, forward_estimate
+from specjax.bench.cost_model import CostTable, forward_estimate
 from specjax.bench.drafter_spec import DrafterSpec, DraftSpec, build_drafter, describe_spec
 from specjax.bench.measure import DRAFT, POOLED, RunSpec, Workload, acceptance, adaptive_specs_for, measure
-from specjax.bench.prompts import load_prompts
+from specjax.bench.prompt_sets import load_prompts
 from specjax.bench.timing import matmul_flops, memory_bandwidth, repeat_values
 from specjax.drafters import Drafter, as_drafter
-from specjax.drafters.placement import shard_pair
+from specjax.drafters.pair_placement import shard_pair
 from specjax.engine.timed_loops import draft_model_of
 from specjax.io.model import Model, init_model
 from specjax.io.presets import resolve_model
 from specjax.io.tokenizer import ByteTokenizer
 from specjax.models import ModelConfig
 from specjax.parallel.mesh import mesh_from
+
+if TYPE_CHECKING:  # the config is built from the experiments' registry, whose modules import this one
+    from specjax.bench.bench_config import BenchConfig, ModelSpec
 
 
 def load_model(spec: ModelSpec, seed: int) -> Model:

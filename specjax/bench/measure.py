@@ -3,8 +3,8 @@
 A `Workload` fixes what every measured generation shares (the target, its drafters, the
 prompts and their categories, the token budget); a `RunSpec` says how to generate (plain
 or speculative with which drafter, K, batch size, temperature). `measure` times many
-specs round-robin and returns rows of metrics per spec, with the definitions of README
-"Metrics": one pooled row (category "all") and, when the prompts have several
+specs round-robin and returns rows of metrics per spec, with the definitions of
+docs/metrics.md: one pooled row (category "all") and, when the prompts have several
 categories, one row per category from the same timed requests.
 
 Batch size B splits each category's prompts into requests of B rows (or repeats prompts

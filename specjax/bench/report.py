@@ -1,10 +1,12 @@
-"""Writing a bench run down: results.json, CSV tables and summary.md (schema: README "Bench")."""
+"""Writing a bench run down: results.json, CSV tables and summary.md (schema: docs/bench.md)."""
 
 from __future__ import annotations
 
 import csv
 import json
 from pathlib import Path
+
+from specjax.bench import experiments
 
 # 2: rows carry `category` (and `drafter`); `models.draft` may describe a drafter that is
 # not a model (kind, parameters, drafter); experiment E8 "methods".
@@ -84,112 +86,10 @@ ROW_FIELDS = [
     "speedup_vs_plain",
 ]
 
-# What summary.md shows of each experiment's rows.
-SUMMARY_COLUMNS = {
-    "tokens_per_round": [
-        "temperature",
-        "num_speculative_tokens",
-        "measured_tokens_per_round",
-        "alpha",
-        "predicted_geometric",
-        "predicted_per_position",
-    ],
-    "verify_cost": ["batch_size", "width", "relative_cost", "roofline_relative_cost", "arithmetic_intensity"],
-    "k_sweep": [
-        "method",
-        "num_speculative_tokens",
-        "tokens_per_second",
-        "tpot_ms",
-        "mean_acceptance_length",
-        "speedup_vs_plain",
-        "predicted_speedup",
-        "draft_time_share",
-        "ms_per_iteration",
-        "cost_round_seconds",
-        "non_forward_ms_per_iteration",
-    ],
-    "batch_sweep": ["method", "batch_size", "tokens_per_second", "tpot_ms", "speedup_vs_plain", "predicted_speedup"],
-    "context_sweep": [
-        "kind",
-        "context",
-        "capacity",
-        "fill",
-        "attention",
-        "cache_dtype",
-        "decode_seconds",
-        "verify_seconds",
-        "kv_cache_bytes",
-        "kv_bytes_read",
-        "weight_bytes",
-        "mean_acceptance_length",
-    ],
-    "waste": [
-        "num_speculative_tokens",
-        "accepted_per_round",
-        "correction_per_round",
-        "bonus_per_round",
-        "wasted_per_round",
-        "kept_fraction_of_verified",
-    ],
-    "sampling": ["temperature", "num_speculative_tokens", "acceptance_rate", "mean_acceptance_length"],
-    "methods": [
-        "temperature",
-        "category",
-        "drafter",
-        "tokens_per_second",
-        "speedup_vs_plain",
-        "speedup_vs_plain_paired",
-        "mean_acceptance_length",
-        "acceptance_rate",
-        "draft_time_share",
-        "no_match_share",
-        "output_matches_plain",
-    ],
-    "trees": [
-        "temperature",
-        "tree",
-        "verify_width",
-        "tree_depth",
-        "mean_acceptance_length",
-        "predicted_tokens_per_round",
-        "target_forwards_per_token",
-        "tokens_per_second",
-        "speedup_vs_plain",
-        "speedup_vs_plain_paired",
-        "acceptance_by_depth",
-        "output_matches_plain",
-    ],
-    "adaptive_sweep": [
-        "scenario",
-        "batch_size",
-        "method",
-        "num_speculative_tokens",
-        "adaptive",
-        "tokens_per_second",
-        "speedup_vs_plain",
-        "speedup_vs_plain_paired",
-        "mean_acceptance_length",
-        "adaptive_mean_k",
-        "adaptive_plain_steps",
-        "output_matches_plain",
-    ],
-    "scaling": [
-        "mesh",
-        "drafter",
-        "tokens_per_second",
-        "tokens_per_second_vs_first_mesh",
-        "speedup_vs_plain",
-        "mean_acceptance_length",
-        "allreduce_bytes_per_step",
-        "measured_tp_efficiency",
-        "predicted_tp_efficiency",
-    ],
-}
-
 
 def _columns(name: str, rows: list[dict]) -> list[str]:
     """An experiment's summary columns, led by `category` when its rows have several."""
-    columns = SUMMARY_COLUMNS[name]
+    columns = list(experiments.by_name(name).columns)  # each experiment's module names them
     several = len({row.get("category", "all") for row in rows}) > 1
     return ["category", *columns] if several and "category" not in columns else columns
 

@@ -1,4 +1,8 @@
-"""`run_bench`: a BenchConfig in, a results directory out."""
+"""`run_bench`: a BenchConfig in, a results directory out.
+
+Each chosen experiment comes from the registry the config was built from
+(experiments/__init__.py): its `run`, `setting` and `plot`, in id order.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,9 @@ from pathlib import Path
 import jax
 from tqdm.auto import tqdm
 
-from specjax.bench import plots
+from specjax.bench.bench_config import BenchConfig
 from specjax.bench.compiles import compiled_programs
-from specjax.bench.config import EXPERIMENTS, BenchConfig
 from specjax.bench.context import BenchContext
-from specjax.bench.experiments import EXPERIMENT_FUNCTIONS, setting
 from specjax.bench.report import DEFINITIONS, SCHEMA_VERSION, write_results
 from specjax.bench.timing import environment, load_average, machine_load
 from specjax.configs import to_dict
@@ -48,15 +50,14 @@ def run_bench(
         "experiments": {},
         "rows": [],
     }
-    names = [name for name in EXPERIMENTS if name in config.experiments]
     compiled_before = compiled_programs()
-    for name in tqdm(names, desc="experiments", disable=not progress):
-        experiment_id = EXPERIMENTS[name]
+    for registered in tqdm(config.chosen, desc="experiments", disable=not progress):  # in id order
+        name, experiment_id = registered.name, registered.id
         start, compiled_start, load_start = time.perf_counter(), compiled_programs(), load_average()
-        experiment = EXPERIMENT_FUNCTIONS[name](ctx)
+        experiment = registered.run(ctx)
         stem = f"{experiment_id.lower()}_{name}"
-        experiment.update(id=experiment_id, plot=f"{stem}.png", csv=f"{stem}.csv", setting=setting(name, ctx))
-        plots.PLOTS[name](experiment, out_dir / experiment["plot"], f"{experiment_id}: {name.replace('_', ' ')}")
+        experiment.update(id=experiment_id, plot=f"{stem}.png", csv=f"{stem}.csv", setting=registered.setting(ctx))
+        registered.plot(experiment, out_dir / experiment["plot"], f"{experiment_id}: {name.replace('_', ' ')}")
         experiment["seconds"] = time.perf_counter() - start
         experiment["compiled_programs"] = compiled_programs() - compiled_start
         experiment["load_average"] = {"start": load_start, "end": load_average()}

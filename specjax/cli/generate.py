@@ -33,7 +33,10 @@ def add_generate(subparsers) -> argparse.ArgumentParser:
         "Prompts come from --prompt (repeatable), --prompt-file (text or JSONL; '-' reads stdin), or both.",
         formatter_class=HelpFormatter,
     )
-    names = ", ".join([*embedded_names(), *sorted(RANDOM_PRESETS)]) + ", or a local HF directory"
+    from specjax.io.gguf_file import PACKAGED
+
+    names = ", ".join([*embedded_names(), *sorted(RANDOM_PRESETS), *sorted(PACKAGED)])
+    names += ", a .gguf file or a local HF directory"
     heads = ", ".join(embedded_heads()) or "none installed"
     default_target, default_draft = default_pair()
     p.add_argument("--prompt", action="append", help="prompt text; repeat for a batch ('def ' if no prompt is given)")
@@ -47,7 +50,12 @@ def add_generate(subparsers) -> argparse.ArgumentParser:
         "--chat", action="store_true", help="wrap each prompt as a user turn with the tokenizer's chat template"
     )
     p.add_argument("--target", default=default_target, help=f"target model: {names}")
-    p.add_argument("--draft", default=default_draft, help=f"draft model (when --drafter is not given): {names}")
+    p.add_argument(
+        "--draft",
+        default=None,
+        help=f"draft model (when --drafter is not given): {names}. Default: {default_draft} for the "
+        f"{default_target} target (random-draft for random-target); other targets need --draft or --drafter",
+    )
     p.add_argument(
         "--drafter",
         default=None,
@@ -71,7 +79,7 @@ def add_generate(subparsers) -> argparse.ArgumentParser:
         action="store_true",
         help="choose K each round (0 = a plain step, up to -k) from past acceptance and measured round costs; "
         "output is unchanged. The costs are measured once per machine and shape and cached on disk "
-        "(README 'Adaptive speculation')",
+        "(docs/adaptive.md)",
     )
     p.add_argument("--remeasure-costs", action="store_true", help="with --adaptive: measure round costs anew")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt")
@@ -102,7 +110,7 @@ def add_generate(subparsers) -> argparse.ArgumentParser:
         "--mesh",
         default=None,
         metavar="data=D,model=M",
-        help="shard over a device mesh: rows over 'data', tensor parallel over 'model' (see README 'Scaling out')",
+        help="shard over a device mesh: rows over 'data', tensor parallel over 'model' (see docs/scaling.md)",
     )
     p.set_defaults(func=generate_command)
     return p
@@ -112,7 +120,7 @@ def read_prompts(args) -> list[str]:
     """--prompt values, then --prompt-file's prompts; 'def ' when there are none."""
     prompts = list(args.prompt or [])
     if args.prompt_file is not None:
-        from specjax.bench.prompts import read_prompt_file
+        from specjax.bench.prompt_sets import read_prompt_file
 
         prompts += [text for _, text in read_prompt_file(args.prompt_file, what="--prompt-file")]
     return prompts or ["def "]
@@ -122,7 +130,7 @@ def encode_prompts(tokenizer, texts: list[str], chat: bool):
     """Strings for the engine (it encodes them), or token ids when a chat template wraps them."""
     if not chat:
         return texts
-    from specjax.bench.prompts import encode
+    from specjax.bench.prompt_sets import encode
 
     return [encode(tokenizer, text, chat_template=True) for text in texts]
 
@@ -134,10 +142,23 @@ def build_drafter(args, target):
     def load(name: str):
         return resolve_model(name, seed=args.seed + 1)
 
-    spec = args.draft if args.drafter is None else args.drafter
+    spec = args.drafter or args.draft or default_draft_for(args.target)
     if spec.lstrip().startswith("{"):
         spec = parse_yaml(spec, "--drafter")
     return make_drafter(spec, load, target)  # the Model: a head checks the target's weights too
+
+
+def default_draft_for(target: str) -> str:
+    """The draft model paired with `target` when neither --draft nor --drafter is given."""
+    from specjax.io.embedded import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    pairs = {DEFAULT_TARGET: DEFAULT_DRAFT, "random-target": "random-draft"}
+    if target not in pairs:
+        raise ValueError(
+            f"no default draft for target {target!r}: give --drafter (prompt-lookup, layer-skip[:N], a head) "
+            "or --draft MODEL (one with the same tokenizer), or --plain"
+        )
+    return pairs[target]
 
 
 def settings(args, draft, tree) -> dict:
@@ -147,7 +168,7 @@ def settings(args, draft, tree) -> dict:
     return {
         "command": ["specjax", *sys.argv[1:]] if sys.argv and sys.argv[0].endswith("specjax") else None,
         "target": args.target,
-        "drafter": None if args.plain else (args.drafter or args.draft),
+        "drafter": None if args.plain else (args.drafter or args.draft or default_draft_for(args.target)),
         "drafter_kind": None if draft is None else getattr(draft, "name", "draft_model"),
         "num_speculative_tokens": None if args.plain or tree is not None else args.num_speculative_tokens,
         "tree": None if tree is None else repr(tree),
@@ -194,7 +215,7 @@ def generate_command(args) -> int:
     speculative = SpeculativeConfig(num_speculative_tokens=args.num_speculative_tokens, tree=tree,
                                     adaptive=_adaptive(args))  # fmt: skip
     if args.mesh is not None:
-        from specjax.drafters.placement import shard_pair
+        from specjax.drafters.pair_placement import shard_pair
         from specjax.parallel.mesh import mesh_from
 
         target, draft = shard_pair(target, draft, mesh_from(args.mesh))
@@ -229,7 +250,8 @@ def generate_command(args) -> int:
         print(json.dumps(record))
         return 0
     for prompt, text in zip(texts, outputs, strict=True):
-        print(f"--- {prompt!r}\n{prompt}{text}")
+        # A chat answer is a new turn, not a continuation of the prompt's text.
+        print(f"--- {prompt!r}\n{prompt}{chr(10) if args.chat else ''}{text}")
     print_summary(args, out.stats, tree, timing)
     return 0
 

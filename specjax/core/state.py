@@ -32,7 +32,7 @@ class Plan:
     drafter: Any  # a Drafter's static part (`without_weights()`); None: plain decoding
     num_speculative_tokens: int  # K of a chain; a tree's node count N (the verify width is N + 1); 0: plain
     sampling: SamplingConfig
-    rule: Callable | None  # an AcceptanceRule (core/acceptance.py) or a tree rule (trees/acceptance.py)
+    rule: Callable | None  # an AcceptanceRule (core/acceptance.py) or a tree rule (trees/tree_acceptance.py)
     cache: CacheConfig = DEFAULT_CACHE
     tree: Any = None  # a specjax.Tree, or None: a chain of K (engine/rounds.py)
     # An AdaptiveConfig (engine/adaptive_policy.py, without costs): each round picks K <= K_MAX.

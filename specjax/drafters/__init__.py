@@ -6,7 +6,7 @@ prompt_lookup.py  n-gram matching in the row's own prompt + output
 fallback.py       one drafter where it found something, another elsewhere
 medusa.py         Medusa heads on the target's own hidden states
 eagle.py          an EAGLE-style head: one layer extrapolating the target's features
-heads.py          saving and loading trained heads, checked against their target
+head_io.py        saving and loading trained heads, checked against their target
 convert.py        `as_drafter`: a Model wherever a drafter is taken
 registry.py       every kind by name: `make_drafter` builds one from a name or a mapping,
                   as SpeculativeConfig, the CLI and bench configs give it
@@ -19,7 +19,7 @@ from specjax.drafters.convert import as_drafter
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.eagle import Eagle
 from specjax.drafters.fallback import Fallback
-from specjax.drafters.heads import load_drafter, save_drafter, target_fingerprint
+from specjax.drafters.head_io import load_drafter, save_drafter, target_fingerprint
 from specjax.drafters.layer_skip import LayerSkip
 from specjax.drafters.medusa import Medusa
 from specjax.drafters.prompt_lookup import PromptLookup

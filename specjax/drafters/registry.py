@@ -16,7 +16,7 @@ from typing import Any
 from specjax.drafters.base import Drafter
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.fallback import Fallback
-from specjax.drafters.heads import is_head_directory, load_drafter
+from specjax.drafters.head_io import is_head_directory, load_drafter
 from specjax.drafters.layer_skip import LayerSkip
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.io.embedded import embedded_heads, embedded_names, embedded_path

@@ -20,7 +20,7 @@ from specjax.core.state import LoopState
 from specjax.engine.adaptive_policy import AdaptiveConfig, fold_round, policy
 from specjax.engine.rounds import chain_round, plain_round
 from specjax.engine.tree_round import tree_round
-from specjax.trees.acceptance import default_tree_rule
+from specjax.trees.tree_acceptance import default_tree_rule
 
 
 def _branch(c: int, target_params, draft_weights, state: LoopState) -> LoopState:

@@ -56,7 +56,7 @@ class GenerationStats:
       stopped_at_eos: per row, whether it ended at an EOS token (else at max_new_tokens).
       accepted_length_histogram: per row, rounds that accepted exactly n = 0..K tokens.
       verify_width: tokens per row in each target forward: K + 1 (a tree: N + 1; plain: 1).
-    Derived (see README "Metrics"):
+    Derived (definitions: docs/metrics.md):
       acceptance_rate: accepted_tokens / drafted_tokens (a tree drafts N to accept at most
         its depth, so compare trees by mean_acceptance_length, not by this).
       mean_acceptance_length: 1 + accepted_tokens / num_drafts, pooled over rows: tokens a

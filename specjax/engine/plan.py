@@ -11,8 +11,8 @@ from specjax.core.state import Plan
 from specjax.drafters import Drafter
 from specjax.engine.adaptive import as_adaptive, plan_tokens, resolve_adaptive
 from specjax.engine.prompts import PromptBatch, prepare_prompts
-from specjax.trees.acceptance import default_tree_rule
 from specjax.trees.tree import Tree
+from specjax.trees.tree_acceptance import default_tree_rule
 
 
 def plan_generation(

@@ -27,8 +27,8 @@ from specjax.drafters import Drafter, DraftModel, as_drafter
 from specjax.engine.generation import init_state, loop_round
 from specjax.engine.rounds import draft_context
 from specjax.io.model import Model
-from specjax.trees.acceptance import default_tree_rule
 from specjax.trees.tree import Tree
+from specjax.trees.tree_acceptance import default_tree_rule
 
 PARTS = ("step", "round", "propose")  # a plain decode step, a speculative round, a drafter's proposal
 

@@ -6,7 +6,7 @@ the draft's q, hence the probability a_t[r] that the drafter's rank-r candidate 
 accepted there:
   greedy:   a_t[r] = 1 if the draft's r-th most likely token is the target's token;
   sampling: candidates are i.i.d. draws from q tried by recursive rejection
-            (trees/acceptance.py), so a_t[r] = alpha_r * prod_{j<r} (1 - alpha_j) with
+            (trees/tree_acceptance.py), so a_t[r] = alpha_r * prod_{j<r} (1 - alpha_j) with
             alpha_j = sum min(r_j, q), r_0 = p, r_{j+1} = norm(max(r_j - q, 0)).
 Depth enters through selection: a round reaches depth d only after d - 1 acceptances, and
 easy text comes in runs, so acceptance at depth d is averaged over start positions s

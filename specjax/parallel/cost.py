@@ -12,7 +12,7 @@ A ring all-reduce moves 2 (M - 1) / M of its payload through each device's link,
 with t_1 the single-device time (measured, or the roofline's bytes / HBM bandwidth in
 decoding, where a forward is bound by reading the weights). TP efficiency is
 t_1 / (M * t_TP(M)): 1 when communication is free. Links are stated by the caller; the E10
-bench (specjax/bench/scaling.py) measures one on the devices it runs on.
+bench (specjax/bench/experiments/e10_scaling.py) measures one on the devices it runs on.
 """
 
 from __future__ import annotations

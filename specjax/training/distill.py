@@ -27,7 +27,7 @@ from specjax.io.model import Model
 from specjax.models import ModelConfig, full_forward, init_params
 from specjax.training.data import DataConfig, held_out_prompts, training_batch
 from specjax.training.divergences import DIVERGENCES, get_divergence
-from specjax.training.runs import open_run, resume_or_start
+from specjax.training.run_dirs import open_run, resume_or_start
 from specjax.training.train import OptimConfig, make_optimizer
 
 OBJECTIVES = (*DIVERGENCES, "next_token")

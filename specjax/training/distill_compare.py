@@ -15,7 +15,7 @@ from pathlib import Path
 
 from specjax.configs import apply_overrides, from_dict, read_yaml, to_dict
 from specjax.training.distill import DistillConfig, distill
-from specjax.training.runs import Metrics
+from specjax.training.run_dirs import Metrics
 
 
 @dataclasses.dataclass(frozen=True)

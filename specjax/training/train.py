@@ -22,7 +22,7 @@ from specjax.io.model import Model
 from specjax.io.tokenizer import ByteTokenizer
 from specjax.models import ModelConfig, full_forward, init_params
 from specjax.training.data import DataConfig, evaluation_windows, training_batch
-from specjax.training.runs import open_run, resume_or_start
+from specjax.training.run_dirs import open_run, resume_or_start
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The bench's prompts: held-out corpus prompts (the default), or your own from files.
 
-A config's `prompts:` is one source or a list of them (config.Prompts); every prompt gets
+A config's `prompts:` is one source or a list of them (`Prompts` below); every prompt gets
 a category, and every metric is reported per category as well as pooled ("all").
 
 Files (`file: PATH`, relative to the working directory):
@@ -25,10 +25,56 @@ import dataclasses
 import json
 from pathlib import Path
 
-from specjax.bench.config import Prompts
+from specjax.configs import from_dict
 from specjax.training.data import held_out_prompts
 
 CORPUS_COUNT = 8  # held-out prompts per corpus source when `count` is not given
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompts:
+    """One prompt source: held-out prompts from the stdlib corpus (the default; see
+    specjax.training.data.held_out_prompts), or, when `file` is set, a JSONL or text file
+    (format: the module docstring). `prompts:` may also be a list of sources."""
+
+    domain: str = "code"  # corpus: "code" or "prose"
+    count: int | None = None  # corpus: how many (default 8); file: the first `count` (default all)
+    prompt_bytes: int = 96  # corpus: bytes per prompt
+    split: str = "test"  # corpus: held-out split
+    file: str | None = None  # a .jsonl or text file (relative to the working directory)
+    category: str | None = None  # default category (corpus: the domain; file: per line, else the file stem)
+    chat_template: bool = False  # wrap each prompt as a user turn with the tokenizer's chat template
+
+    def __post_init__(self):
+        if self.count is not None and self.count < 1:
+            raise ValueError(f"prompts.count must be >= 1, got {self.count}")
+        if self.category == "all":
+            raise ValueError('prompts.category "all" is reserved for the pooled rows')
+
+
+def parse_prompts(value) -> Prompts | list[Prompts]:
+    """A source or a list of sources; anything else fails with the error of the shape it resembles."""
+    if isinstance(value, Prompts) or (isinstance(value, list) and value and all(isinstance(p, Prompts) for p in value)):
+        return value
+    if isinstance(value, dict):
+        return from_dict(Prompts, value, "prompts")
+    if isinstance(value, list) and value:
+        return [
+            from_dict(Prompts, v, f"prompts[{i}]") if isinstance(v, dict) else parse_prompts(v)
+            for i, v in enumerate(value)
+        ]
+    raise ValueError(f"prompts: expected a mapping (one source) or a non-empty list of them, got {value!r}")
+
+
+def describe_sources(sources: list[Prompts]) -> str:
+    """One line naming the prompt sources (the tuning and shift prompts of E9 and E11)."""
+    parts = []
+    for s in sources:
+        if s.file is not None:
+            parts.append(f"{s.file} (first {s.count})" if s.count else s.file)
+        else:
+            parts.append(f"{s.count or CORPUS_COUNT} {s.domain} prompts of {s.prompt_bytes} bytes, {s.split} split")
+    return "; ".join(parts)
 
 
 @dataclasses.dataclass(frozen=True)

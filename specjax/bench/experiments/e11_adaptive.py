@@ -21,18 +21,60 @@ chose and its estimate of position-1 acceptance, round by round, for the first s
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import matplotlib.pyplot as plt
 
 from specjax.api import generate
+from specjax.bench import plots
 from specjax.bench.adaptive_predict import predict
 from specjax.bench.context import BenchContext
+from specjax.bench.drafter_spec import DrafterSpec, Raw, parse_draft
+from specjax.bench.experiments.shared import Experiment, one_or_swept, setting, timed_text
 from specjax.bench.measure import DRAFT, RunSpec, Workload, pooled
-from specjax.bench.prompts import load_prompts
+from specjax.bench.prompt_sets import Prompts, describe_sources, load_prompts, parse_prompts
 from specjax.config import GenerationConfig, SpeculativeConfig
 from specjax.drafters import DraftModel
 from specjax.engine.adaptive_policy import AdaptiveConfig, default_ks
 from specjax.engine.round_costs import measure_round_costs
 from specjax.io.model import init_model
+from specjax.models import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveSweep:
+    """E11: adaptive speculation (K_MAX = k_max) against plain decoding and static K
+    (the module docstring says what each scenario measures and aims at)."""
+
+    k_max: int = 8
+    static_ks: list[int] = dataclasses.field(default_factory=lambda: [1, 2, 4, 8])
+    batch_sizes: list[int] = dataclasses.field(default_factory=lambda: [1, 4, 16, 64])
+    temperature: float = 0.0
+    random_draft: bool = True  # scenario 1: a random-weight draft of the bench draft's shape
+    random_k: int = 4
+    # Scenario 4: prompts whose acceptance shifts mid-generation, drafted by `shift_drafter`
+    # (a drafter spec as in `draft`). None: skipped.
+    shift_prompts: Prompts | list[Prompts] | Raw | None = None
+    shift_drafter: str | ModelConfig | DrafterSpec | Raw = "prompt-lookup"
+    # Predicted, not run: the policy and static K simulated on the round costs of the cost
+    # models (cost_target/cost_draft, else the pair) at these batch sizes, with the pair's
+    # acceptance (bench/adaptive_predict.py). Empty: no prediction.
+    predict_batch_sizes: list[int] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        if any(b < 1 for b in self.predict_batch_sizes):
+            raise ValueError(f"adaptive_sweep.predict_batch_sizes must be >= 1, got {self.predict_batch_sizes}")
+        if self.shift_prompts is not None:
+            object.__setattr__(self, "shift_prompts", parse_prompts(self.shift_prompts))
+        object.__setattr__(self, "shift_drafter", parse_draft(self.shift_drafter, "adaptive_sweep.shift_drafter"))
+        if self.k_max < 1 or not self.static_ks or min(self.static_ks) < 1 or max(self.static_ks) > self.k_max:
+            raise ValueError(
+                f"adaptive_sweep.static_ks must be K values in [1, k_max={self.k_max}], got {self.static_ks}"
+            )
+        if not self.batch_sizes or min(self.batch_sizes) < 1 or self.random_k < 1:
+            raise ValueError("adaptive_sweep.batch_sizes and random_k must be >= 1")
+
 
 AIMS = {"random": 0.95, "pair": 0.97, "batch": 0.95}
 
@@ -78,7 +120,7 @@ def _label(rows: list[dict], scenario: str) -> list[dict]:
     return rows
 
 
-def adaptive_sweep(ctx: BenchContext) -> dict:
+def run(ctx: BenchContext) -> dict:
     cfg = ctx.config.adaptive_sweep
     t, k_max, rows, comparisons = cfg.temperature, cfg.k_max, [], []
 
@@ -189,11 +231,18 @@ def _bar_errors(rows: list[dict | None], values: list[float]):
     return [below, above]
 
 
-def plot(result: dict, path, title: str):
+def describe(ctx: BenchContext) -> dict:
+    cfg = ctx.config.adaptive_sweep
+    extra = [timed_text(ctx)]
+    if cfg.shift_prompts is not None:
+        sources = cfg.shift_prompts if isinstance(cfg.shift_prompts, list) else [cfg.shift_prompts]
+        extra.append(f"shift: {describe_sources(sources)}, batch 1")
+    return setting(ctx, one_or_swept("batch", cfg.batch_sizes), one_or_swept("temperature", [cfg.temperature]), extra)
+
+
+def plot(result: dict, path: Path, title: str) -> Path:
     """Adaptive and every static K as speedup vs plain, per scenario (error bars: min-max of
     the repeats); the predictions; the shift trajectory."""
-    from specjax.bench.plots import save
-
     comparisons, predictions = result["comparisons"], result.get("predictions") or []
     panels = len(comparisons) + (result["trajectory"] is not None) + bool(predictions)
     fig, axes = plt.subplots(1, panels, figsize=(3.2 * panels, 3.4), squeeze=False)
@@ -233,4 +282,29 @@ def plot(result: dict, path, title: str):
         ax.set_title("shift: the policy over one generation", fontsize=9)
         ax.legend(loc="upper right", fontsize=7)
     fig.suptitle(title, fontsize=10)
-    return save(fig, path, result)
+    return plots._save(fig, path, result)
+
+
+EXPERIMENT = Experiment(
+    id="E11",
+    name="adaptive_sweep",
+    section=AdaptiveSweep,
+    run=run,
+    plot=plot,
+    setting=describe,
+    ks=lambda cfg: [cfg.k_max, *([cfg.random_k] * cfg.random_draft)],
+    columns=[
+        "scenario",
+        "batch_size",
+        "method",
+        "num_speculative_tokens",
+        "adaptive",
+        "tokens_per_second",
+        "speedup_vs_plain",
+        "speedup_vs_plain_paired",
+        "mean_acceptance_length",
+        "adaptive_mean_k",
+        "adaptive_plain_steps",
+        "output_matches_plain",
+    ],
+)

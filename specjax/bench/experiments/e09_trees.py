@@ -24,17 +24,61 @@ depth and, for T = 0, whether the output matched plain decoding.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 
 from specjax.api import prepare
-from specjax.bench.config import Prompts
+from specjax.bench import plots
 from specjax.bench.context import BenchContext
+from specjax.bench.drafter_spec import Raw
+from specjax.bench.experiments.shared import Experiment, one_or_swept, setting, timed_text
 from specjax.bench.measure import RunSpec, Workload, pooled
-from specjax.bench.prompts import load_prompts
+from specjax.bench.prompt_sets import Prompts, describe_sources, load_prompts, parse_prompts
 from specjax.config import SpeculativeConfig
 from specjax.engine.tune import measure_acceptance
 from specjax.trees import Tree
+from specjax.trees.tree import PRESETS
+
+
+@dataclasses.dataclass(frozen=True)
+class Trees:
+    """E9: chain vs preset and tuned token trees at equal verify width (N + 1 positions).
+
+    At each width w: the chain of K = w - 1 and the trees tuned to the pair with w - 1
+    nodes; each preset at its own width. The tuned trees come from one acceptance table
+    per temperature (specjax.engine.tune.measure_acceptance), measured on `tune_prompts`,
+    which should not overlap the measured prompts (default: the train split of the
+    bench's corpus domains, while the bench measures the test split).
+    """
+
+    widths: list[int] = dataclasses.field(default_factory=lambda: [8, 16, 32, 64])
+    presets: list[str] = dataclasses.field(default_factory=lambda: ["binary-3", "prior-16", "prior-32"])
+    # One tuned tree per width for each entry: null lets it be as deep as its node count (the
+    # best tree under the measured acceptance); d caps its depth at d, i.e. at d draft forwards
+    # per round (Sequoia caps depth for hardware cost the same way). []: no tuned trees.
+    tuned_depths: list[int | None] = dataclasses.field(default_factory=lambda: [None])
+    temperatures: list[float] = dataclasses.field(default_factory=lambda: [0.0, 1.0])
+    batch_size: int = 1
+    tune_prompts: Prompts | list[Prompts] | Raw | None = None  # None: the bench's corpus domains, train split
+    tune_max_new_tokens: int = 128  # target tokens generated per tuning prompt
+    tune_max_rank: int = 8
+
+    def __post_init__(self):
+        if self.tune_prompts is not None:
+            object.__setattr__(self, "tune_prompts", parse_prompts(self.tune_prompts))
+        if not self.widths or any(w < 2 for w in self.widths) or len(set(self.widths)) != len(self.widths):
+            raise ValueError(f"trees.widths must be distinct verify widths >= 2 (N >= 1 nodes), got {self.widths}")
+        unknown = [p for p in self.presets if p not in PRESETS]
+        if unknown:
+            raise ValueError(f"unknown tree preset {unknown[0]!r} in trees.presets; choose from {', '.join(PRESETS)}")
+        if self.batch_size < 1 or self.tune_max_new_tokens < 2 or self.tune_max_rank < 1:
+            raise ValueError("trees.batch_size and tune_max_rank must be >= 1, tune_max_new_tokens >= 2")
+        depths = self.tuned_depths
+        if any(d is not None and d < 1 for d in depths) or len(set(depths)) != len(depths):
+            raise ValueError(f"trees.tuned_depths must be distinct depth caps >= 1 (or null: no cap), got {depths}")
+
 
 PLAIN = "plain"
 
@@ -82,16 +126,6 @@ def tune_sources(ctx: BenchContext) -> list[Prompts]:
     if not corpus:
         raise ValueError("trees.tune_prompts is needed when every bench prompt comes from a file")
     return [dataclasses.replace(s, split="train", category=None) for s in corpus]
-
-
-def describe_sources(sources: list[Prompts]) -> str:
-    parts = []
-    for s in sources:
-        if s.file is not None:
-            parts.append(f"{s.file} (first {s.count})" if s.count else s.file)
-        else:
-            parts.append(f"{s.count or 8} {s.domain} prompts of {s.prompt_bytes} bytes, {s.split} split")
-    return "; ".join(parts)
 
 
 def _overlap(ctx: BenchContext, tune_prompts: list[list[int]]) -> int:
@@ -179,7 +213,7 @@ def _summary(rows: list[dict], temperatures: list[float], tune: str, families: l
     return summary
 
 
-def trees(ctx: BenchContext) -> dict:
+def run(ctx: BenchContext) -> dict:
     cfg = ctx.config.trees
     drafter = ctx.draft
     widest = max(w - 1 for w in cfg.widths)
@@ -266,3 +300,86 @@ def trees(ctx: BenchContext) -> dict:
         "tuned_left_out_as_duplicates": skipped,
         "summary": _summary(rows, cfg.temperatures, tune, families),
     }
+
+
+def describe(ctx: BenchContext) -> dict:
+    cfg = ctx.config.trees
+    batch, temperature = one_or_swept("batch", [cfg.batch_size]), one_or_swept("temperature", cfg.temperatures)
+    return setting(ctx, batch, temperature, [timed_text(ctx)])
+
+
+def plot(result: dict, path: Path, title: str) -> Path:
+    """Tokens per round (top) and speedup vs plain (bottom) against verify width, one column per
+    temperature: the chain and each family of tuned trees as lines (dotted: the tuning table's
+    prediction), each preset as a point; a star marks the width with the best wall time (most
+    tokens/s), grey rings the best chain and the best tree."""
+    rows = [r for r in pooled(result["rows"]) if r["method"] == "speculative"]
+    temperatures = sorted({r["temperature"] for r in rows})
+    fig, axes = plt.subplots(2, len(temperatures), figsize=(6.5 * len(temperatures), 8), squeeze=False)
+    for column, t in enumerate(temperatures):
+        mine = [r for r in rows if r["temperature"] == t]
+        best = max(mine, key=lambda r: r["tokens_per_second"])
+        for line, (key, label) in enumerate(
+            (("mean_acceptance_length", "tokens per round"), ("speedup_vs_plain", "speedup vs plain (tokens/s)"))
+        ):
+            ax = axes[line, column]
+            families = ["chain", *dict.fromkeys(r["tree"] for r in mine if r["tree_kind"] == "tuned")]
+            for i, family in enumerate(families):
+                group = sorted((r for r in mine if r["tree"] == family), key=lambda r: r["verify_width"])
+                widths = [r["verify_width"] for r in group]
+                plots._measured(ax, widths, group, key, "o-" if i == 0 else "s-", color=f"C{i}", label=family)
+                if line == 0 and "predicted_tokens_per_round" in group[0]:
+                    predicted = [r["predicted_tokens_per_round"] for r in group]
+                    ax.plot(widths, predicted, ":", color=f"C{i}", lw=0.9, label=f"{family}, predicted")
+            presets = [r for r in mine if r["tree_kind"] == "preset"]
+            for i, r in enumerate(presets):
+                name = f"preset {r['tree']} (width {r['verify_width']})"
+                plots._measured(ax, [r["verify_width"]], [r], key, "D", color=f"C{i + len(families)}", label=name)
+            for kind in ("chain", "tree"):
+                group = [r for r in mine if (r["tree_kind"] == "chain") == (kind == "chain")]
+                if group:
+                    b = max(group, key=lambda r: r["tokens_per_second"])
+                    ax.plot([b["verify_width"]], [b[key]], "o", ms=14, mfc="none", mec="gray", zorder=3)
+            ax.plot(
+                [best["verify_width"]],
+                [best[key]],
+                "r*",
+                ms=16,
+                zorder=4,
+                label=f"best wall time: {best['tree']}, width {best['verify_width']}",
+            )
+            if line == 1:
+                ax.axhline(1.0, color="gray", lw=0.8)
+            ax.set_xscale("log", base=2)
+            widths = sorted({r["verify_width"] for r in mine if r["tree_kind"] != "preset"})  # presets: legend
+            ax.set_xticks(widths, [str(w) for w in widths], fontsize=8)
+            ax.minorticks_off()
+            ax.set(xlabel="verify width (positions per target forward = N + 1)", ylabel=label)
+            ax.set_title(f"{title}, T={t}" if line == 0 else f"{label}, T={t} (ring: best chain / best tree)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    return plots._save(fig, path, result)
+
+
+EXPERIMENT = Experiment(
+    id="E9",
+    name="trees",
+    section=Trees,
+    run=run,
+    plot=plot,
+    setting=describe,
+    columns=[
+        "temperature",
+        "tree",
+        "verify_width",
+        "tree_depth",
+        "mean_acceptance_length",
+        "predicted_tokens_per_round",
+        "target_forwards_per_token",
+        "tokens_per_second",
+        "speedup_vs_plain",
+        "speedup_vs_plain_paired",
+        "acceptance_by_depth",
+        "output_matches_plain",
+    ],
+)

@@ -122,7 +122,7 @@ def add_train_head(subparsers):
 
 def _train_head(args) -> int:
     from specjax.configs import load_config
-    from specjax.training.heads import HeadTrainConfig, train_head
+    from specjax.training.train_heads import HeadTrainConfig, train_head
 
     config = load_config(HeadTrainConfig, args.config, args.set)
     results = train_head(config, args.out, progress=_quiet(args))
@@ -131,16 +131,17 @@ def _train_head(args) -> int:
 
 
 def add_bench(subparsers):
-    from specjax.bench.config import EXPERIMENTS
+    from specjax.bench.experiments import REGISTRY  # read now: the listing is every registered experiment
 
-    listing = ", ".join(f"{eid} {name}" for name, eid in EXPERIMENTS.items())
+    listing = ", ".join(f"{e.id} {e.name}" for e in REGISTRY)
+    first, last = min(REGISTRY, key=lambda e: e.number), max(REGISTRY, key=lambda e: e.number)
     p = subparsers.add_parser(
         "bench",
-        help=f"run experiments {min(EXPERIMENTS.values())}-{max(EXPERIMENTS.values(), key=lambda e: int(e[1:]))} "
+        help=f"run experiments {first.id}-{last.id} "
         "(timing, acceptance, cost model, drafting methods, trees, scaling, adaptive K) with results and plots",
         description=f"Run the experiments a BenchConfig lists ({listing}) and write OUT/results.json, "
         "OUT/results.csv, one CSV and one PNG per experiment, and OUT/summary.md. Timings exclude compilation, "
-        "are repeated, interleaved and reported as medians. See README 'Bench'.",
+        "are repeated, interleaved and reported as medians. See docs/bench.md.",
         formatter_class=HelpFormatter,
     )
     _add_run_arguments(
@@ -153,10 +154,11 @@ def add_bench(subparsers):
 
 
 def _bench(args) -> int:
-    from specjax.bench import BenchConfig, run_bench
+    from specjax.bench import run_bench
+    from specjax.bench.bench_config import bench_config_class
     from specjax.configs import load_config
 
-    config = load_config(BenchConfig, args.config, args.set)
+    config = load_config(bench_config_class(), args.config, args.set)  # the sections of every registered experiment
     results = run_bench(config, args.out, progress=_quiet(args))
     for name, experiment in results["experiments"].items():
         summary = ", ".join(

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from specjax.api import generate
 from specjax.config import GenerationConfig, SpeculativeConfig
 from specjax.drafters.eagle import Eagle
-from specjax.drafters.heads import save_drafter
+from specjax.drafters.head_io import save_drafter
 from specjax.drafters.medusa import Medusa
 from specjax.io.model import Model
 from specjax.models import ModelConfig, feature_layers, full_forward
@@ -47,7 +47,7 @@ from specjax.models.heads import (
     unrolled,
 )
 from specjax.training.data import DataConfig, held_out_prompts, training_batch
-from specjax.training.runs import open_run, resume_or_start
+from specjax.training.run_dirs import open_run, resume_or_start
 from specjax.training.train import OptimConfig, make_optimizer
 
 KINDS = ("medusa", "eagle")

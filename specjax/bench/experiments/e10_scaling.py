@@ -18,22 +18,55 @@ scripts/gpu_scaling.py runs the same sweep on real accelerators.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import matplotlib.pyplot as plt
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from specjax.bench import plots
 from specjax.bench.context import BenchContext
+from specjax.bench.experiments.shared import Experiment, one_or_swept, setting, timed_text
 from specjax.bench.measure import RunSpec, pooled
 from specjax.drafters import DraftModel
 from specjax.engine.timed_loops import draft_model_of
 from specjax.io.sharding import replicate_model, shard_model
 from specjax.parallel.cost import tp_allreduce_bytes, tp_efficiency, tp_forward_seconds
 from specjax.parallel.layout import plan
-from specjax.parallel.mesh import MODEL, mesh_from, mesh_shape
+from specjax.parallel.mesh import MODEL, mesh_from, mesh_shape, parse_mesh
+
+_DEFAULT_MESHES = ("data=1,model=1", "data=1,model=2", "data=1,model=4", "data=2,model=2", "data=8,model=1")
+
+
+@dataclasses.dataclass(frozen=True)
+class Scaling:
+    """E10: tokens/s against mesh shape ("data=D,model=M"), the draft replicated or sharded.
+
+    Needs as many devices as the largest mesh: on CPU, run the bench with
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 (figures are then relative only).
+    A mesh the target cannot use (heads not divisible) is skipped with the reason recorded.
+    """
+
+    meshes: list[str] = dataclasses.field(default_factory=lambda: list(_DEFAULT_MESHES))
+    batch_size: int = 8
+    num_speculative_tokens: int = 4
+    draft_layouts: list[str] = dataclasses.field(default_factory=lambda: ["replicated", "sharded"])
+    max_new_tokens: int | None = None  # None: the bench's max_new_tokens
+    link_megabytes: float = 4.0  # all-reduce size of the link measurement (0: none)
+
+    def __post_init__(self):
+        for mesh in self.meshes:
+            parse_mesh(mesh)
+        bad = [x for x in self.draft_layouts if x not in ("replicated", "sharded")]
+        if bad or not self.draft_layouts:
+            raise ValueError(f"scaling.draft_layouts must be 'replicated' and/or 'sharded', got {self.draft_layouts}")
+        if self.batch_size < 1 or self.num_speculative_tokens < 1:
+            raise ValueError("scaling.batch_size and num_speculative_tokens must be >= 1")
 
 
 def measure_allreduce(mesh, megabytes: float, repeats: int = 5) -> dict:
@@ -77,7 +110,7 @@ def _drafters(ctx: BenchContext, mesh, layouts: list[str]) -> tuple[dict, list[d
     return out, skipped
 
 
-def scaling(ctx: BenchContext) -> dict:
+def run(ctx: BenchContext) -> dict:
     cfg = ctx.config.scaling
     k, batch = cfg.num_speculative_tokens, cfg.batch_size
     meshes = [mesh_from(m) for m in cfg.meshes]  # fails now, naming the devices needed
@@ -167,13 +200,17 @@ def _relative_spread(row: dict) -> tuple[float, float]:
     return max(relative - scale * min(repeats), 0.0), max(scale * max(repeats) - relative, 0.0)
 
 
-def plot(result: dict, path, title: str):
+def describe(ctx: BenchContext) -> dict:
+    cfg = ctx.config.scaling
+    meshes = [re.sub(r"^data=(\d+),\s*model=(\d+)$", r"\1x\2", str(m)) for m in cfg.meshes]  # data x model
+    extra = [f"K={cfg.num_speculative_tokens}", timed_text(ctx), one_or_swept("mesh", meshes)[1]]
+    batch, temperature = one_or_swept("batch", [cfg.batch_size]), one_or_swept("temperature", [0.0])
+    return setting(ctx, batch, temperature, extra, new_tokens=cfg.max_new_tokens)
+
+
+def plot(result: dict, path: Path, title: str) -> Path:
     """Tokens/s relative to the first mesh, per mesh, one bar per method/draft layout (error
     bars: min-max of the repeats)."""
-    import matplotlib.pyplot as plt
-
-    from specjax.bench.plots import save
-
     rows = result["rows"]
     meshes = list(dict.fromkeys(r["mesh"] for r in rows))
     labels = list(dict.fromkeys(r["drafter"] for r in rows))
@@ -191,4 +228,25 @@ def plot(result: dict, path, title: str):
     ax.set_title(title)
     ax.axhline(1.0, color="grey", lw=0.5)
     ax.legend(fontsize=7)
-    return save(fig, path, result)
+    return plots._save(fig, path, result)
+
+
+EXPERIMENT = Experiment(
+    id="E10",
+    name="scaling",
+    section=Scaling,
+    run=run,
+    plot=plot,
+    setting=describe,
+    columns=[
+        "mesh",
+        "drafter",
+        "tokens_per_second",
+        "tokens_per_second_vs_first_mesh",
+        "speedup_vs_plain",
+        "mean_acceptance_length",
+        "allreduce_bytes_per_step",
+        "measured_tp_efficiency",
+        "predicted_tp_efficiency",
+    ],
+)
