@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import tempfile
 from pathlib import Path
 
 from sybil import Sybil
@@ -63,15 +64,18 @@ def evaluate_bash(example) -> None:
             raise AssertionError(f"a bash block runs {line!r}, which the README check does not know how to run")
 
 
-def _setup(namespace: dict) -> None:
-    import tempfile
+_TOKENIZERS = tempfile.TemporaryDirectory()  # removed when the process exits
 
+
+def _setup(namespace: dict) -> None:
     namespace["_cwd"] = os.getcwd()
     namespace["_tmp"] = tempfile.TemporaryDirectory()
     os.chdir(namespace["_tmp"].name)
-    # Measured round costs (adaptive) go to a fresh cache, never the user's ~/.cache/specjax.
+    # Measured round costs (adaptive) go to a fresh cache, never the user's ~/.cache/specjax;
+    # tokenizers built from GGUF files are shared by every document (building one takes seconds).
     namespace["_cache_dir"] = os.environ.get("SPECJAX_CACHE_DIR")
     os.environ["SPECJAX_CACHE_DIR"] = namespace["_tmp"].name
+    os.symlink(_TOKENIZERS.name, os.path.join(namespace["_tmp"].name, "tokenizers"), target_is_directory=True)
 
 
 def _teardown(namespace: dict) -> None:

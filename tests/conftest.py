@@ -58,11 +58,19 @@ def small_draft():
     return scaled_model(SMALL_DRAFT_CONFIG, seed=1)
 
 
+@pytest.fixture(scope="session")
+def _shared_tokenizers(tmp_path_factory):
+    return tmp_path_factory.mktemp("tokenizers")
+
+
 @pytest.fixture(autouse=True)
-def _cost_cache_dir(tmp_path_factory, monkeypatch):
+def _cost_cache_dir(tmp_path_factory, monkeypatch, _shared_tokenizers):
     """Every test its own round-cost cache (engine/cost_cache.py): none writes to ~/.cache or
-    reads a file an earlier run left."""
-    monkeypatch.setenv("SPECJAX_CACHE_DIR", str(tmp_path_factory.mktemp("specjax-cache")))
+    reads a file an earlier run left. Tokenizers built from GGUF files (io/gguf_file.py) are
+    shared by the session instead: they depend on the file only, and building SmolLM2's takes 8 s."""
+    cache = tmp_path_factory.mktemp("specjax-cache")
+    (cache / "tokenizers").symlink_to(_shared_tokenizers, target_is_directory=True)
+    monkeypatch.setenv("SPECJAX_CACHE_DIR", str(cache))
 
 
 RAGGED_PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [7], [30, 31]]

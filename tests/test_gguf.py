@@ -193,6 +193,45 @@ def test_tokenizer_and_chat_template_match_transformers(gguf_pair):
     )
 
 
+def test_the_tokenizer_is_built_once_and_then_read_from_the_cache(tmp_path, monkeypatch):
+    """The first load saves the tokenizer built from the GGUF metadata; later ones read it
+    (building from GGUF is refused here to prove it) and encode the same; an unreadable entry
+    is built again, with a warning."""
+    import transformers
+
+    from specjax.io.gguf_file import gguf_tokenizer, tokenizer_cache_path
+
+    monkeypatch.setenv("SPECJAX_CACHE_DIR", str(tmp_path / "cache"))
+    model = specjax.init_model(_config("llama", True), seed=4)
+    path = write_gguf(tmp_path / "m.gguf", "llama", model, {})
+    built = gguf_tokenizer(path)
+    saved = tokenizer_cache_path(path)
+    assert (saved / "tokenizer.json").is_file() and saved.parent == tmp_path / "cache" / "tokenizers"
+    assert not [p for p in saved.parent.iterdir() if p.name.startswith(".")]  # no temporary left
+
+    real = transformers.AutoTokenizer.from_pretrained
+
+    def no_gguf(*args, **kwargs):
+        assert "gguf_file" not in kwargs, "built from the GGUF file again"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", no_gguf)
+    cached = gguf_tokenizer(path)
+    text = "the thin hen in the tent"
+    assert cached.encode(text) == built.encode(text) and cached.chat_template == built.chat_template
+    turn = [{"role": "user", "content": "hi"}]
+    assert cached.apply_chat_template(turn, tokenize=False) == built.apply_chat_template(turn, tokenize=False)
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", real)
+    (saved / "tokenizer.json").write_text("{ not json")
+    with pytest.warns(UserWarning, match="unreadable tokenizer cache"):
+        rebuilt = gguf_tokenizer(path)
+    assert rebuilt.encode(text) == built.encode(text)
+    assert gguf_tokenizer(path).encode(text) == built.encode(text)  # the rebuilt entry reads again
+    path.touch()  # a changed file has another key
+    assert tokenizer_cache_path(path) != saved
+
+
 def test_gguf_and_hf_directory_of_the_same_weights_agree(tmp_path):
     """F32 GGUF (q/k permuted on disk) and the HF directory it came from: the same params."""
     model = specjax.init_model(_config("llama", False), seed=5)

@@ -26,16 +26,10 @@ from pathlib import Path
 
 import jax
 
+from specjax.user_cache import cache_dir
 from specjax.version import __version__
 
 FORMAT = 1  # bump when the measurement's method changes, so older files stop matching
-
-
-def cache_dir() -> Path:
-    """$SPECJAX_CACHE_DIR, else $XDG_CACHE_HOME/specjax, else ~/.cache/specjax."""
-    if os.environ.get("SPECJAX_CACHE_DIR"):
-        return Path(os.environ["SPECJAX_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specjax"
 
 
 def _layout(weights) -> str:

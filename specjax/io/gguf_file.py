@@ -17,8 +17,11 @@ are written unpermuted (llama.cpp runs them with NEOX-style rope), as transforme
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import re
+import shutil
+import warnings
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -27,6 +30,7 @@ import numpy as np
 from specjax.io.hf_config import config_from_hf
 from specjax.io.hf_weights import check_layout, params_from_hf
 from specjax.io.model import Model
+from specjax.user_cache import cache_dir, write_dir
 
 # GGUF architecture -> HF model_type. Others (gemma, phi3, ...) are refused by name.
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -227,18 +231,43 @@ class GGUFTensors:
             raise ValueError(f"unexpected tensors in {self.source}, unused by this config: {shown}")
 
 
-def load_tokenizer(path: Path):
-    """The HF fast tokenizer (with the chat template) transformers builds from the GGUF
-    metadata; None if the file carries no tokenizer."""
-    import gguf
+TOKENIZER_FORMAT = 1  # bump when what is saved changes, so older cache entries stop matching
 
-    reader = gguf.GGUFReader(str(path))
-    if "tokenizer.ggml.model" not in reader.fields:
-        return None
-    del reader
+
+def tokenizer_cache_path(path: Path) -> Path:
+    """Where the tokenizer built from GGUF file `path` is kept: keyed by the file (its
+    resolved path, size and modification time) and the transformers that built it."""
     import transformers
 
-    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    stat = path.stat()
+    key = f"{TOKENIZER_FORMAT}|{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    return cache_dir() / "tokenizers" / f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def gguf_tokenizer(path: Path, reader=None):
+    """The HF fast tokenizer (with the chat template) transformers builds from the GGUF
+    metadata; None if the file carries no tokenizer.
+
+    Building it takes seconds (SmolLM2's 49k-entry vocabulary and merges: about 8 s), so the
+    built tokenizer is saved under the user cache (specjax/user_cache.py) and later
+    processes load that (about 0.5 s); an entry that cannot be read is built again."""
+    import transformers
+
+    path = Path(path)
+    if reader is None:
+        reader = _reader(path)
+    if "tokenizer.ggml.model" not in reader.fields:
+        return None
+    saved = tokenizer_cache_path(path)
+    if (saved / "tokenizer.json").is_file():
+        try:
+            return transformers.AutoTokenizer.from_pretrained(str(saved))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            warnings.warn(f"ignoring the unreadable tokenizer cache {saved} ({e}); building it again", stacklevel=2)
+            shutil.rmtree(saved, ignore_errors=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    write_dir(saved, tokenizer.save_pretrained, "tokenizer")
+    return tokenizer
 
 
 def load_gguf(path: str | Path, dtype: str = "float32", tokenizer: bool = True) -> Model:
@@ -252,4 +281,4 @@ def load_gguf(path: str | Path, dtype: str = "float32", tokenizer: bool = True) 
     params = params_from_hf(config, tensors.get)
     tensors.check_all_used()
     check_layout(config, params)
-    return Model(config, params, tokenizer=load_tokenizer(path) if tokenizer else None)
+    return Model(config, params, tokenizer=gguf_tokenizer(path, reader) if tokenizer else None)
