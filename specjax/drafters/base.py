@@ -115,6 +115,14 @@ class Drafter(abc.ABC):
     def propose(self, weights, state, ctx: DraftContext, key: jax.Array) -> tuple[Proposal, Any]:
         """K = ctx.num_speculative_tokens tokens per row for positions lengths..lengths+K-1."""
 
+    def abstains(self, weights, state, ctx: DraftContext) -> jax.Array | None:
+        """[B] bool: rows for which this drafter has nothing worth verifying this round (prompt
+        lookup without a match), or None: it always has something. Adaptive speculation
+        takes a plain step when every live row abstains (AdaptiveConfig.abstain). Like
+        `propose`, it may read only committed history, so skipping a round keeps exactness."""
+        del weights, state, ctx
+        return None
+
     def update(self, weights, state, ctx: DraftContext, num_accepted: jax.Array) -> Any:
         """State after the commit: ctx holds the new tokens and lengths; num_accepted [B]."""
         del weights, ctx, num_accepted

@@ -78,6 +78,11 @@ class Fallback(Drafter):
         found = use_first if then.found is None else use_first | then.found
         return Proposal(tokens=tokens, q=q, found=found), (first_state, then_state)
 
+    def abstains(self, weights, state, ctx: DraftContext):
+        first = self.first.abstains(weights[0], state[0], ctx)
+        then = self._then(ctx.num_speculative_tokens).abstains(weights[1], state[1], ctx)
+        return None if first is None or then is None else first & then  # [B]: neither has a proposal
+
     def update(self, weights, state, ctx: DraftContext, num_accepted):
         then = self._then(ctx.num_speculative_tokens)
         return (

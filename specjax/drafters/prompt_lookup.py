@@ -20,6 +20,8 @@ match_end + (i mod d). That is exactly the repetition the match suggests ("abcab
 No match (or a row too short to have one): the row proposes its last committed token K
 times, which costs nothing and is verified like any other proposal (exactness does not
 depend on what is proposed); `stats()["no_match_rounds"]` counts those rounds per row.
+Adaptive speculation asks first (`abstains`) and takes a plain step instead when no live
+row has a match, as transformers' prompt lookup stops drafting when it finds none.
 The proposal is deterministic: q is one-hot (None), so under sampling a draft token d is
 accepted with probability p(d) and a rejection samples p with d removed.
 """
@@ -106,6 +108,11 @@ class PromptLookup(Drafter):
         )
         missed = (~found & ~ctx.done).astype(jnp.int32)
         return Proposal(tokens=tokens, q=None, found=found), LookupState(state.no_match_rounds + missed)
+
+    def abstains(self, weights, state, ctx: DraftContext):
+        # The same search as `propose` (a few [B, S] compares): no match, nothing to verify.
+        _, found = lookup(ctx.tokens, ctx.lengths, 1, self.max_ngram, self.min_ngram, self.prefer)
+        return ~found
 
     def stats(self, state: LookupState):
         return {"no_match_rounds": state.no_match_rounds}

@@ -3,7 +3,9 @@
 Each candidate K is a static-shaped branch of one `lax.switch`: K = 0 is a plain decode
 step (a verify of width 1 that drafts nothing), K > 0 a chain round of K (rounds.py),
 or with `AdaptiveConfig(trees=...)` a token tree (tree_round.py). Which one runs is the
-policy's choice (adaptive_policy.py) before every round, from past rounds only, so each
+policy's choice (adaptive_policy.py) before every round, from past rounds only (and, with
+AdaptiveConfig.abstain, whether the drafter has anything to propose from the committed
+tokens: prompt lookup without a match takes a plain step), so each
 round's tokens are still distributed exactly as the target's. This file runs the chosen
 rounds, folds what each round saw into the estimate, and reports what the policy did.
 """
@@ -18,7 +20,7 @@ import numpy as np
 
 from specjax.core.state import LoopState
 from specjax.engine.adaptive_policy import AdaptiveConfig, fold_round, policy
-from specjax.engine.rounds import chain_round, plain_round
+from specjax.engine.rounds import chain_round, draft_context, plain_round
 from specjax.engine.tree_round import tree_round
 from specjax.trees.tree_acceptance import default_tree_rule
 
@@ -51,6 +53,23 @@ def _remaining(state: LoopState) -> jax.Array:
     return jnp.where(state.done, 0, jnp.maximum(left, 1)).astype(jnp.float32)
 
 
+def _choice(target_params, draft_weights, state: LoopState) -> tuple[jax.Array, jax.Array]:
+    """(index [] int32 of this round's candidate, forced [] bool: a plain step only because
+    the drafter abstains for every live row). The abstention reads committed history only,
+    like the policy, so the round's tokens stay distributed as the target's."""
+    config = state.plan.adaptive
+    index = policy(state.adaptive, config, _remaining(state))
+    no = jnp.zeros((), bool)
+    if not config.abstain or config.widths[0] != 0 or state.plan.drafter is None:
+        return index, no
+    ctx = draft_context(state, target_params)
+    abstain = state.plan.drafter.abstains(draft_weights, state.draft_state, ctx)  # [B] or None
+    if abstain is None:
+        return index, no
+    forced = jnp.all(abstain | state.done) & (index != 0)
+    return jnp.where(forced, 0, index).astype(index.dtype), forced
+
+
 def adaptive_round(target_params, draft_weights, state: LoopState) -> LoopState:
     """Rounds of the candidate the policy picks, for as long as it keeps picking it.
 
@@ -64,14 +83,18 @@ def adaptive_round(target_params, draft_weights, state: LoopState) -> LoopState:
 
     def run_of(c: int):
         def cond_fn(s: LoopState):
-            return ~jnp.all(s.done) & (policy(s.adaptive, config, _remaining(s)) == c)
+            return ~jnp.all(s.done) & (_choice(target_params, draft_weights, s)[0] == c)
 
         def body_fn(s: LoopState):
-            return _learn(c, s, _branch(c, target_params, draft_weights, s))
+            after = _learn(c, s, _branch(c, target_params, draft_weights, s))
+            if config.widths[c] != 0:
+                return after
+            forced = _choice(target_params, draft_weights, s)[1]
+            return after.replace(adaptive=after.adaptive.replace(abstained=after.adaptive.abstained + forced))
 
         return lambda s: jax.lax.while_loop(cond_fn, body_fn, s)
 
-    index = policy(state.adaptive, config, _remaining(state))
+    index = _choice(target_params, draft_weights, state)[0]
     return jax.lax.switch(index, [run_of(c) for c in range(len(config.widths))], state)
 
 
@@ -100,6 +123,7 @@ def adaptive_stats(stats, state: LoopState, num_rows: int | None):
         "costs": dict(_COST_SOURCES.get((state.plan, np.asarray(ad.costs, np.float32).tobytes()), {})) or None,
         "rounds_per_k": {k: int(n) for k, n in zip(labels, ad.rounds_per_k, strict=True)},
         "plain_steps": int(ad.rounds_per_k[labels.index(0)]) if 0 in labels else 0,
+        "abstained_steps": int(ad.abstained),  # plain steps because the drafter had nothing
         "chosen_k": [labels[c] for c in chosen],
         "estimate_position_1": [round(float(x), 4) for x in np.asarray(ad.estimate)[: len(chosen)]],
     }

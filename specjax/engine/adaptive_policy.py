@@ -94,6 +94,10 @@ class AdaptiveConfig:
     trees: choose among these token trees (specjax.Tree) and a plain step instead of chains;
       each tree keeps its own acceptance estimate by depth (its width shapes it). Costs are
       then keyed 0 (the plain step) and "tree0", "tree1", ... in this order.
+    abstain: a round in which the drafter has nothing to propose for any live row
+      (`Drafter.abstains`: prompt lookup found no match) is a plain step, whatever the
+      estimate says, and teaches the estimate nothing; the estimate then describes the
+      rounds that had a proposal. Without K = 0 among the candidates it does nothing.
     """
 
     ks: tuple[int, ...] | None = None
@@ -113,6 +117,7 @@ class AdaptiveConfig:
     thompson: bool = False
     trees: tuple | None = None
     start_at_max: bool = False
+    abstain: bool = True
 
     def __post_init__(self):
         if self.ks is not None:
@@ -205,6 +210,7 @@ class AdaptiveState:
     estimate: jax.Array  # [R] float32: the chosen group's mean estimate of position 1 over live rows
     round: jax.Array  # [] int32
     plain_run: jax.Array  # [] int32: plain steps since the last round that drafted
+    abstained: jax.Array  # [] int32: plain steps taken because the drafter abstained (AdaptiveConfig.abstain)
     key: jax.Array  # the posterior draws' key (folded with the round number)
 
 
@@ -223,6 +229,7 @@ def init_adaptive(costs, batch: int, width: int, max_rounds: int, groups: int = 
         estimate=jnp.zeros((max_rounds,), jnp.float32),
         round=jnp.zeros((), jnp.int32),
         plain_run=jnp.asarray(_NEVER_DRAFTED, jnp.int32),  # round 0 probes rather than step plain
+        abstained=jnp.zeros((), jnp.int32),
         key=jax.random.key(0) if key is None else key,
     )
 
