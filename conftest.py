@@ -67,6 +67,10 @@ def evaluate_bash(example) -> None:
 _TOKENIZERS = tempfile.TemporaryDirectory()  # removed when the process exits
 
 
+def pytest_configure(config):
+    config.specjax_tokenizers = _TOKENIZERS.name  # tests/conftest.py shares it with the tests
+
+
 def _setup(namespace: dict) -> None:
     namespace["_cwd"] = os.getcwd()
     namespace["_tmp"] = tempfile.TemporaryDirectory()

@@ -7,6 +7,8 @@ to be able to fail.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -59,8 +61,9 @@ def small_draft():
 
 
 @pytest.fixture(scope="session")
-def _shared_tokenizers(tmp_path_factory):
-    return tmp_path_factory.mktemp("tokenizers")
+def _shared_tokenizers(request, tmp_path_factory):
+    shared = getattr(request.config, "specjax_tokenizers", None)  # the README and docs' (../conftest.py)
+    return Path(shared) if shared else tmp_path_factory.mktemp("tokenizers")
 
 
 @pytest.fixture(autouse=True)
