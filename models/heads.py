@@ -25,10 +25,15 @@ from itself.
 
 Medusa heads (Cai et al. 2024): head k maps the target's hidden state h [D] to
 h + SiLU(h W_k + b_k) [D], which the target's own LM head turns into logits.
+
+Published heads (EAGLE-1/2, EAGLE-3, Medusa-1 as their authors ship them; read by
+specjax/drafters/head_formats.py) run these same networks with the options of `HeadOptions`
+(EAGLE) and the optional Medusa params below, never a copy of them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -44,11 +49,56 @@ from .llama import decode
 # --- EAGLE ---------------------------------------------------------------------------------
 
 
-def head_config(target: ModelConfig, num_attention_heads: int, num_key_value_heads: int, intermediate_size: int):
+@dataclasses.dataclass(frozen=True)
+class HeadOptions:
+    """How an EAGLE-style head computes, beyond its layer config. Static (part of the jit key:
+    another value compiles anew); the defaults are specjax's own head, the other values what
+    the published formats need (their readers in drafters/head_formats.py set them).
+
+    fc_bias: a bias on fc, params["fc_bias"] [D] (EAGLE-1 heads for Vicuna and LLaMA 2).
+    input_norm: the layer normalises its input (EAGLE-1's layer 0 does not; EAGLE-3's
+      `input_layernorm` normalises the token embedding).
+    final_norm: a norm between the layer and the LM head (EAGLE-1 has none).
+    feed_normed: later draft steps are fed the normed output (specjax), or the layer's own
+      output before the norm (EAGLE-3).
+    hide_first: position 0's entry (token_0, f_-1 = 0) is hidden from every later position.
+      The published heads never saw it: their first entry is (token_1, f_0). The head's
+      cache then holds position p at slot p - 1 (`_hidden_first`).
+    eagle3: EAGLE-3's layer. fc [n * D, D] maps the raw concatenated target states to g
+      (later steps are fed the head's own output as g, without fc); attention reads
+      [input_norm(embed); hidden_norm(g)] through 2D-wide q/k/v kernels [2D, heads, d_head];
+      the residual is g.
+    draft_vocab_size: 0 uses the target's LM head. Otherwise the head's own LM head,
+      params["lm_head"] [D, Vd], over a draft vocabulary whose token i is target token
+      i + params["d2t"][i] (d2t [Vd] int32, present whenever the mapping is not the identity).
+      Its logits are scattered into the target vocabulary (-inf elsewhere) before anything
+      samples or accepts them, so q is a distribution over target tokens and exactness holds.
+    """
+
+    fc_bias: bool = False
+    input_norm: bool = True
+    final_norm: bool = True
+    feed_normed: bool = True
+    hide_first: bool = False
+    eagle3: bool = False
+    draft_vocab_size: int = 0
+
+    def __post_init__(self):
+        if self.draft_vocab_size < 0:
+            raise ValueError(f"HeadOptions.draft_vocab_size must be >= 0, got {self.draft_vocab_size}")
+
+
+SPECJAX_HEAD = HeadOptions()
+
+
+def head_config(
+    target: ModelConfig, num_attention_heads: int, num_key_value_heads: int, intermediate_size: int, **overrides
+):
     """The head's one-layer Llama config: the target's width, vocabulary and rotary
-    embedding (base and scaling: a Llama 3.1 target's positions rotate the same way)."""
+    embedding (base and scaling: a Llama 3.1 target's positions rotate the same way).
+    `overrides`: ModelConfig fields a published head sets itself (its rope_theta, head_dim, ...)."""
     head_dim = target.resolved_head_dim
-    return ModelConfig(
+    config = ModelConfig(
         vocab_size=target.vocab_size,
         hidden_size=target.hidden_size,
         intermediate_size=intermediate_size,
@@ -64,6 +114,7 @@ def head_config(target: ModelConfig, num_attention_heads: int, num_key_value_hea
         dtype=target.dtype,
         model_type="llama",
     )
+    return config.replace(**overrides) if overrides else config
 
 
 def init_eagle_params(
@@ -116,13 +167,19 @@ def eagle_forward(
     cache,
     tree=None,
     from_target: bool = False,
+    options: HeadOptions = SPECJAX_HEAD,
 ):
     """tokens [B, T], prev_features [B, T, D] (f at p - 1), positions [B, T]
     -> (logits [B, T, V], cache, predicted features [B, T, D]). `tree`: a TreeMask.
 
     `from_target`: prev_features are the target's own; a multi-layer head's are then
     [B, T, n * D], reduced to D here. Otherwise they are the head's own predictions [B, T, D].
+    `options`: the variant (HeadOptions); logits are over the target vocabulary whatever it is.
     """
+    if options != SPECJAX_HEAD:
+        return _published_forward(
+            config, options, params, target_params, tokens, prev_features, positions, cache, tree, from_target
+        )
     if from_target and "reduce" in params:
         # Block outputs are residual-stream states, far larger than f (rms 9-25 against 1 on
         # stdlib-target) and of different sizes per layer: each is RMS-normalised (no weights)
@@ -143,14 +200,101 @@ def eagle_forward(
     return decode(module, x, positions, cache, tree, features=True)
 
 
-def teacher_forced(config: ModelConfig, params: dict, target_config: ModelConfig, target_params: dict, tokens):
+def _published_forward(config, options, params, target_params, tokens, prev, positions, cache, tree, from_target):
+    """eagle_forward for options other than specjax's own: the same Block's modules, run
+    piece by piece (models/llama.decode runs a block whole, with its input norm)."""
+    embed = target_params["embed"]
+    e = embed[tokens].astype(prev.dtype)  # [B, T, D]
+    if options.eagle3:
+        g = prev  # the head's own output, or (first step) fc over the raw target states
+        if from_target:
+            g = jnp.einsum("bte,ed->btd", prev, params["fc"].astype(prev.dtype))  # [B, T, n * D] -> [B, T, D]
+    else:
+        g = jnp.einsum("bte,ed->btd", jnp.concatenate([e, prev], axis=-1), params["fc"].astype(prev.dtype))
+    if options.fc_bias and (from_target or not options.eagle3):
+        g = g + params["fc_bias"].astype(g.dtype)
+    d = config.hidden_size
+    ((key, layer),) = params["layers"].items()
+    ones = jnp.ones((d,), g.dtype)  # the norms a variant lacks: merged only to complete the module, never run
+    layer = {"input_norm": {"scale": ones}, **layer}
+    merged = {"embed": embed, "layers": {key: layer}, "final_norm": params.get("final_norm", {"scale": ones})}
+    if not config.tie_word_embeddings:
+        merged["lm_head"] = target_params["lm_head"]
+    module = nnx.merge(graphdef(config), merged)
+    block = module.layers[0]
+    if options.eagle3:
+        hidden = _rms_norm(g, params["hidden_norm"]["scale"], config.rms_norm_eps)
+        attn_in = jnp.concatenate([block.input_norm(e), hidden], axis=-1)  # [B, T, 2D]
+    else:
+        attn_in = block.input_norm(g) if options.input_norm else g
+    slot_positions, slot_tree = _hidden_first(positions, tree, cache) if options.hide_first else (positions, tree)
+    h, cache = block.attn(attn_in, slot_positions, cache, 0, slot_tree)
+    y = g + h  # [B, T, D]
+    y = y + block.mlp(block.post_attention_norm(y))
+    normed = module.final_norm(y) if options.final_norm else y
+    if options.draft_vocab_size:
+        logits = jnp.einsum("btd,dv->btv", normed, params["lm_head"].astype(normed.dtype)).astype(jnp.float32)
+        logits = to_target_vocab(logits, params.get("d2t"), config.vocab_size)  # [B, T, V]
+    else:
+        logits = target_logits(config, target_params, normed)  # [B, T, V]
+    if tree is None:  # as decode: the committed length, by position (whatever slot holds it)
+        cache = cache.replace(lengths=jnp.max(positions, axis=1).astype(jnp.int32) + 1)
+    return logits, cache, normed if options.feed_normed else y
+
+
+def _rms_norm(x, scale, eps: float):
+    """models/llama.RMSNorm as a function, for EAGLE-3's hidden_norm (a norm outside the Block)."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (x32 * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def _hidden_first(positions, tree, cache):
+    """(positions, tree) for attention with position 0's entry hidden: position p lives at
+    slot p - 1, so slot 0 holds position 1 and nothing any query sees holds position 0.
+    A chain call sends position 0 to slot S (past the cache end: attend drops the write; its
+    own output, seeing stale slots, is meaningless, and nothing reads it). Rotary angles
+    depend only on position differences, so the shift leaves every score unchanged.
+    A tree call never holds position 0 (its nodes sit at depth >= 1)."""
+    if tree is None:
+        return jnp.where(positions > 0, positions - 1, cache.max_length), None
+    return positions - 1, tree.replace(start=tree.start - 1, slots=tree.slots - 1)
+
+
+def head_slots(slots, cache, options: HeadOptions):
+    """Cache slots [B, n] of positions -> the head cache's slots for them (`_hidden_first`);
+    slots past the cache end (a dropped move) stay past it."""
+    if not options.hide_first:
+        return slots
+    return jnp.where(slots >= cache.max_length, slots, slots - 1)
+
+
+def to_target_vocab(draft_logits, d2t, vocab_size: int):
+    """Draft-vocabulary logits [..., Vd] -> target-vocabulary logits [..., V]: draft token i
+    is target token i + d2t[i] (d2t None: the identity); other target tokens get -inf."""
+    vd = draft_logits.shape[-1]
+    if d2t is None and vd == vocab_size:
+        return draft_logits
+    ids = jnp.arange(vd, dtype=jnp.int32) + (0 if d2t is None else d2t.astype(jnp.int32))  # [Vd]
+    full = jnp.full((*draft_logits.shape[:-1], vocab_size), -jnp.inf, draft_logits.dtype)
+    return full.at[..., ids].set(draft_logits)
+
+
+def teacher_forced(
+    config: ModelConfig,
+    params: dict,
+    target_config: ModelConfig,
+    target_params: dict,
+    tokens,
+    options: HeadOptions = SPECJAX_HEAD,
+):
     """The head over whole sequences with the target's true features (training, tuning).
 
     tokens [B, T] -> (target logits [B, T, V], target features [B, T, D], head logits
     [B, T, V], predicted features [B, T, D]); the target side carries no gradient.
     """
-    target_logits, features = jax.lax.stop_gradient(full_forward(target_config, target_params, tokens, features=True))
-    return target_logits, features, *head_passes(config, params, target_params, tokens, features)
+    logits, features = jax.lax.stop_gradient(full_forward(target_config, target_params, tokens, features=True))
+    return logits, features, *head_passes(config, params, target_params, tokens, features, options=options)
 
 
 def unrolled(config: ModelConfig, params: dict, target_config: ModelConfig, target_params: dict, tokens, layers):
@@ -169,7 +313,15 @@ def unrolled(config: ModelConfig, params: dict, target_config: ModelConfig, targ
     return target_logits, features, *head_passes(config, params, target_params, tokens, features, multi)
 
 
-def head_passes(config: ModelConfig, params: dict, target_params: dict, tokens, features, multi=None):
+def head_passes(
+    config: ModelConfig,
+    params: dict,
+    target_params: dict,
+    tokens,
+    features,
+    multi=None,
+    options: HeadOptions = SPECJAX_HEAD,
+):
     """The head's side of a training step, given the target's features (computed on the fly,
     or read from a feature cache): tokens [B, T], final-norm features [B, T, D].
 
@@ -187,7 +339,7 @@ def head_passes(config: ModelConfig, params: dict, target_params: dict, tokens, 
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))  # [B, T]
     cache = init_cache(config, b, t)
-    step = functools.partial(eagle_forward, config, params, target_params, tokens)
+    step = functools.partial(eagle_forward, config, params, target_params, tokens, options=options)
     logits0, _, predicted0 = step(shift(features if multi is None else multi), positions, cache, from_target=True)
     if multi is None:
         return logits0, predicted0  # [B, T, V], [B, T, D]
@@ -213,19 +365,43 @@ def init_medusa_params(hidden_size: int, num_heads: int, seed: int = 0, dtype=jn
 
 
 def medusa_hidden(params: dict, feature: jax.Array) -> jax.Array:
-    """feature [B, D] -> every head's hidden state [B, H, D]."""
-    h = jnp.einsum("bd,hde->bhe", feature, params["w"].astype(feature.dtype)) + params["b"].astype(feature.dtype)
-    return feature[:, None, :] + jax.nn.silu(h)  # [B, H, D]
+    """feature [B, D] -> every head's hidden state [B, H, D].
+
+    w [H, D, D], b [H, D]: one residual block per head. w [H, L, D, D], b [H, L, D]: L blocks
+    per head, in order (Medusa's medusa_num_layers; its reference ties them, which is the
+    special case of equal weights)."""
+    w, b = params["w"].astype(feature.dtype), params["b"].astype(feature.dtype)
+    if w.ndim == 3:
+        h = jnp.einsum("bd,hde->bhe", feature, w) + b
+        return feature[:, None, :] + jax.nn.silu(h)  # [B, H, D]
+    h = jnp.broadcast_to(feature[:, None, :], (feature.shape[0], w.shape[0], feature.shape[-1]))  # [B, H, D]
+    for layer in range(w.shape[1]):
+        h = h + jax.nn.silu(jnp.einsum("bhd,hde->bhe", h, w[:, layer]) + b[:, layer])
+    return h  # [B, H, D]
+
+
+def medusa_logits(params: dict, feature: jax.Array, target_config: ModelConfig, target_params: dict) -> jax.Array:
+    """feature [B, D] -> float32 logits [B, H, V]: through each head's own LM head,
+    params["lm_head"] [H, D, V] (Medusa-1), or else the target's (Medusa-2, specjax)."""
+    hidden = medusa_hidden(params, feature)  # [B, H, D]
+    if "lm_head" in params:
+        return jnp.einsum("bhd,hdv->bhv", hidden, params["lm_head"].astype(hidden.dtype)).astype(jnp.float32)
+    return target_logits(target_config, target_params, hidden)
 
 
 __all__ = [
+    "SPECJAX_HEAD",
+    "HeadOptions",
     "eagle_forward",
     "head_config",
     "head_passes",
+    "head_slots",
     "init_eagle_params",
     "init_medusa_params",
     "medusa_hidden",
+    "medusa_logits",
     "target_logits",
     "teacher_forced",
+    "to_target_vocab",
     "unrolled",
 ]

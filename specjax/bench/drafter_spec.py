@@ -47,6 +47,8 @@ class DrafterSpec:
     then: DrafterSpec | str | None = None  # fallback
     path: str | None = None  # head: an embedded head's name or a head directory
     allow_transfer: bool | None = None  # head: load it for a target it was not trained for
+    aux_layers: list[int] | None = None  # head (EAGLE-3): the target blocks it reads, overriding its config
+    aux_convention: str | None = None  # head (EAGLE-3): how its config's layer ids count, "vllm" or "sglang"
 
     def __post_init__(self):
         kind = self.kind.replace("-", "_")

@@ -30,7 +30,7 @@ from specjax.core.sampling import probabilities
 from specjax.drafters.base import DraftContext, Drafter, Proposal, TreeProposal
 from specjax.drafters.draft_model import _draw
 from specjax.models import KVCache, ModelConfig, TreeMask, feature_layers, init_cache
-from specjax.models.heads import eagle_forward
+from specjax.models.heads import SPECJAX_HEAD, HeadOptions, eagle_forward, head_slots
 
 
 @struct.dataclass
@@ -45,12 +45,14 @@ class Eagle(Drafter):
 
     `feature_layers`: () reads the target's final-norm feature (EAGLE); block indices
     (i, j, k) read those blocks' outputs concatenated (EAGLE-3; module docstring).
+    `options`: the network variant (models/heads.HeadOptions); the default is specjax's head.
     """
 
     params: dict | None = dataclasses.field(default=None, compare=False, hash=False, repr=False)
     config: ModelConfig | None = None
     tree_candidates: str = "sample"  # as DraftModel.tree_candidates
     feature_layers: tuple[int, ...] = ()
+    options: HeadOptions = SPECJAX_HEAD
     name = "eagle"
     supports_trees = True
 
@@ -81,8 +83,18 @@ class Eagle(Drafter):
                 )
         if self.feature_layers:
             feature_layers(self.feature_layers, target_config.num_hidden_layers)  # a ValueError naming bad ones
-        reduce = None if self.params is None else self.params.get("reduce")
         want = len(self.feature_layers) * self.config.hidden_size
+        if self.options.eagle3:  # fc itself reads the target states: fc [n * D, D]
+            if not self.feature_layers:
+                raise ValueError("an EAGLE-3 head reads multi-layer features: give it feature_layers")
+            fc = None if self.params is None else self.params["fc"]
+            if fc is not None and fc.shape[0] != want:
+                raise ValueError(
+                    f"this EAGLE-3 head's fc reads {fc.shape[0]} features, but feature_layers={self.feature_layers} "
+                    f"gives {want}"
+                )
+            return
+        reduce = None if self.params is None else self.params.get("reduce")
         if self.params is not None and (reduce is None) != (not self.feature_layers):
             raise ValueError(
                 f"this EAGLE head's weights {'lack' if reduce is None else 'have'} a reduce matrix, but it reads "
@@ -94,6 +106,11 @@ class Eagle(Drafter):
                 f"{self.feature_layers} gives {want}"
             )
 
+    def _forward(self, weights, ctx: DraftContext, tokens, previous, positions, cache, tree=None, from_target=False):
+        return eagle_forward(
+            self.config, weights, ctx.target_params, tokens, previous, positions, cache, tree, from_target, self.options
+        )
+
     def init(self, weights, ctx: DraftContext, prompt, cache_length: int) -> EagleState:
         b, t = prompt.shape
         # [B, S, D] (final-norm) or [B, S, n * D] (multi-layer): the target features by position.
@@ -103,9 +120,7 @@ class Eagle(Drafter):
         # Every prompt position p gets (token_p, f_{p-1}); padding positions are rewritten later.
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         previous = _previous(features, positions)
-        _, cache, _ = eagle_forward(
-            self.config, weights, ctx.target_params, prompt, previous, positions, cache, from_target=True
-        )
+        _, cache, _ = self._forward(weights, ctx, prompt, previous, positions, cache, from_target=True)
         return EagleState(cache=cache.replace(lengths=ctx.lengths), features=features)
 
     def _catch_up(self, weights, state: EagleState, ctx: DraftContext, accepted_max: int):
@@ -115,9 +130,7 @@ class Eagle(Drafter):
 
         def feed_true(positions, cache):  # positions [B, W]: (token_p, true f_{p-1}) at each
             tokens, previous = gather_tokens(ctx.tokens, positions), _previous(state.features, positions)
-            return eagle_forward(
-                self.config, weights, ctx.target_params, tokens, previous, positions, cache, from_target=True
-            )
+            return self._forward(weights, ctx, tokens, previous, positions, cache, from_target=True)
 
         # Plain steps of adaptive speculation (engine/adaptive.py) commit tokens the head never
         # saw: feed what its cache lacks in chunks first (the loop never runs otherwise).
@@ -142,8 +155,8 @@ class Eagle(Drafter):
         def draft_step(carry, step_key):
             cache, logits, feature, position = carry  # logits [B, V] predict the token at `position`
             token, q = _draw(step_key, logits, ctx.sampling)
-            logits, cache, feature = eagle_forward(
-                self.config, weights, ctx.target_params, token[:, None], feature[:, None], position[:, None], cache
+            logits, cache, feature = self._forward(
+                weights, ctx, token[:, None], feature[:, None], position[:, None], cache
             )
             return (cache, logits[:, 0], feature[:, 0], position + 1), (token, q)
 
@@ -191,14 +204,18 @@ class Eagle(Drafter):
             positions = jnp.broadcast_to(start[:, None] + depth, slots.shape)
             mask = TreeMask(start=start, slots=slots, visible=visible[parents])
             previous = predicted[:, tree.parents[parents]]  # [B, F, D]: each node's parent's f̂
-            parent_logits, cache, features = eagle_forward(
-                self.config, weights, ctx.target_params, tokens[:, parents], previous, positions, cache, mask
+            parent_logits, cache, features = self._forward(
+                weights, ctx, tokens[:, parents], previous, positions, cache, mask
             )
             predicted = predicted.at[:, parents].set(features)
         return TreeProposal(tokens=tokens[:, 1:], q=q_all), state.replace(cache=cache)
 
     def update_tree(self, weights, state: EagleState, ctx: DraftContext, src, dst, num_accepted):
-        state = state.replace(cache=state.cache.move(src, dst))
+        # Slots of positions; a head with position 0 hidden holds position p at slot p - 1.
+        cache = state.cache
+        state = state.replace(
+            cache=cache.move(head_slots(src, cache, self.options), head_slots(dst, cache, self.options))
+        )
         return self.update(weights, state, ctx, num_accepted)
 
     def update(self, weights, state: EagleState, ctx: DraftContext, num_accepted):

@@ -4,6 +4,9 @@ A head directory holds `drafter.json` (its kind, shape, and the target it was tr
 for) and `model.safetensors` (the head's own weights only: the target's embedding and LM
 head are read from the target at run time, never stored twice).
 
+`load_drafter` also reads the heads others publish (EAGLE-1/2, EAGLE-3, Medusa-1/2,
+speculators): drafters/head_formats.py.
+
 A head reads one target's hidden states, so `load_drafter` refuses another target: one of
 other shapes always (the head cannot even run), and one of the same shapes but another
 config or other weights (`target_fingerprint`) unless `allow_transfer=True` says the
@@ -24,15 +27,19 @@ from safetensors.numpy import load_file, save_file
 
 from specjax.drafters.base import Drafter
 from specjax.drafters.eagle import Eagle
+from specjax.drafters.head_files import WEIGHT_FILES
+from specjax.drafters.head_formats import load_published
 from specjax.drafters.medusa import Medusa
 from specjax.io.embedded import embedded_path
 from specjax.io.model import Model
 from specjax.models import ModelConfig
-from specjax.models.heads import head_config
+from specjax.models.heads import SPECJAX_HEAD, HeadOptions, head_config
 
 FORMAT = "specjax-drafter-1"
 _CONFIG = "drafter.json"
 _TRANSFER = "allow_transfer=True"
+# What a published head's layer sets itself (head_formats._drafter_config), kept in drafter.json.
+_LAYER_FIELDS = ("head_dim", "rope_theta", "rope_scaling", "rms_norm_eps", "attention_bias", "o_proj_bias", "mlp_bias")
 
 
 def is_head_directory(path) -> bool:
@@ -119,7 +126,7 @@ def _shape_mismatches(config: dict, params: dict, target: ModelConfig) -> list[t
     """(what the head was trained with, what `target` has) for each shape of the target's the
     head reads that `target` does not have."""
     kind = config["kind"]
-    hidden = int(np.shape(params["w"])[1]) if kind == "medusa" else int(np.shape(params["fc"])[1])
+    hidden = int(np.shape(params["w"])[-1]) if kind == "medusa" else int(np.shape(params["fc"])[1])
     wanted = [("hidden size", hidden, target.hidden_size)]
     if config.get("vocab_size"):  # 0: a Medusa built without its vocabulary
         wanted.append(("vocabulary", int(config["vocab_size"]), target.vocab_size))
@@ -208,6 +215,9 @@ def save_drafter(
             "intermediate_size": c.intermediate_size,
             "feature_layers": list(drafter.feature_layers),  # [] = the final-norm feature
         }
+        if drafter.options != SPECJAX_HEAD:  # a published variant; files of specjax's own head stay as they were
+            shape["options"] = dataclasses.asdict(drafter.options)
+            shape["layer"] = {k: _canonical_config(c).get(k) for k in _LAYER_FIELDS}
     config = {"format": FORMAT, "kind": drafter.name, **shape, "target": {"name": target_name}}
     if target is not None:
         target_config = target.config if isinstance(target, Model) else target
@@ -231,9 +241,20 @@ def save_drafter(
     return path
 
 
-def load_drafter(path, target: Model | ModelConfig | None = None, allow_transfer: bool = False) -> Drafter:
+def load_drafter(
+    path,
+    target: Model | ModelConfig | None = None,
+    allow_transfer: bool = False,
+    *,
+    aux_layers: tuple[int, ...] | None = None,
+    aux_convention: str = "vllm",
+) -> Drafter:
     """A head saved by `save_drafter` (a directory, or the name of an embedded head such as
-    stdlib-medusa), checked against `target` (a Model or ModelConfig) if given.
+    stdlib-medusa), checked against `target` (a Model or ModelConfig) if given; or a
+    published head (EAGLE-1/2, EAGLE-3, Medusa-1/2, speculators: a directory without
+    drafter.json), read against `target`, which it then needs (drafters/head_formats.py).
+    For EAGLE-3 heads, `aux_layers` (specjax block indices) or `aux_convention` ("vllm", the
+    default, or "sglang") say which target layers it reads (head_formats' docstring).
 
     A ValueError naming both sides refuses a target whose shapes the head cannot read
     (hidden size, vocabulary, head dim, the blocks of multi-layer features), and one that
@@ -244,7 +265,12 @@ def load_drafter(path, target: Model | ModelConfig | None = None, allow_transfer
     label = str(path)
     path = (embedded_path(path) if isinstance(path, str) else None) or Path(path).expanduser()
     if not is_head_directory(path):
-        raise ValueError(f"{path} is not a specjax head directory (no {_CONFIG})")
+        if path.is_dir() and any((path / name).is_file() for name in WEIGHT_FILES):
+            return load_published(path, target, allow_transfer, aux_layers, aux_convention)
+        raise ValueError(
+            f"{path} is not a specjax head directory (no {_CONFIG}) nor a published head "
+            f"(none of {', '.join(WEIGHT_FILES)})"
+        )
     config = json.loads((path / _CONFIG).read_text())
     if config.get("format") != FORMAT:
         raise ValueError(f"{path / _CONFIG} has format {config.get('format')!r}, expected {FORMAT!r}")
@@ -259,11 +285,21 @@ def load_drafter(path, target: Model | ModelConfig | None = None, allow_transfer
     else:
         if target_config is None:
             raise ValueError(f"an EAGLE head ({label}) is built around its target: pass the target to load_drafter")
+        own = dict(config.get("layer", {}))  # a published variant's own layer fields
+        if own.get("rope_scaling") is not None:
+            own["rope_scaling"] = dict(own["rope_scaling"])
         layer = head_config(
-            target_config, config["num_attention_heads"], config["num_key_value_heads"], config["intermediate_size"]
+            target_config,
+            config["num_attention_heads"],
+            config["num_key_value_heads"],
+            config["intermediate_size"],
+            **own,
         )
+        options = HeadOptions(**config.get("options", {}))
         # Heads saved before multi-layer features have no "feature_layers": the final-norm feature.
-        drafter = Eagle(params=params, config=layer, feature_layers=tuple(config.get("feature_layers", ())))
+        drafter = Eagle(
+            params=params, config=layer, feature_layers=tuple(config.get("feature_layers", ())), options=options
+        )
     if target_config is not None:
         try:
             drafter.check(target_config, 1)

@@ -7,7 +7,9 @@ correction/bonus token every round ends with. So a round starting at length L (t
 to L - 1 committed) proposes positions L..L+K-1 from h at L - 2, the last position the
 previous verify pass computed, and drafting costs one tiny matmul per head and no extra
 target pass: the verify pass's hidden states come free (forward(..., features=True)).
-The heads' network (init and `medusa_hidden`) lives in specjax/models/heads.py.
+The heads' network (init, `medusa_hidden`, `medusa_logits`) lives in specjax/models/heads.py.
+Published Medusa-1 heads also carry a trained LM head each (params["lm_head"] [H, D, V]),
+and some several residual blocks per head (w [H, L, D, D]); drafters/head_formats.py reads them.
 
 With a tree, depth d takes head d's candidates (the top-ranked tokens, or i.i.d. draws
 under sampling), whatever the parent: Medusa's Cartesian-product trees.
@@ -26,7 +28,7 @@ from flax import struct
 from specjax.core.sampling import probabilities, sample
 from specjax.drafters.base import DraftContext, Drafter, Proposal, TreeProposal
 from specjax.models import ModelConfig
-from specjax.models.heads import medusa_hidden, target_logits
+from specjax.models.heads import medusa_logits
 
 
 @struct.dataclass
@@ -36,22 +38,28 @@ class MedusaState:
 
 @dataclasses.dataclass(frozen=True)
 class Medusa(Drafter):
-    """Medusa heads for one target: `params` {"w": [H, D, D], "b": [H, D]}."""
+    """Medusa heads for one target: `params` {"w": [H, D, D], "b": [H, D]}, or with L blocks per
+    head {"w": [H, L, D, D], "b": [H, L, D]}; optional "lm_head" [H, D, V], each head's own LM head.
+    num_heads, hidden_size, num_layers and lm_heads are read from the params when given."""
 
     params: dict | None = dataclasses.field(default=None, compare=False, hash=False, repr=False)
     num_heads: int = 4
     hidden_size: int = 0
     vocab_size: int = 0
     tree_candidates: str = "sample"  # as DraftModel.tree_candidates
+    num_layers: int = 1  # residual blocks per head
+    lm_heads: bool = False  # each head has its own LM head (Medusa-1), not the target's
     name = "medusa"
     needs_features = True
     supports_trees = True
 
     def __post_init__(self):
         if self.params is not None:
-            h, d, _ = np.shape(self.params["w"])
-            object.__setattr__(self, "num_heads", int(h))
-            object.__setattr__(self, "hidden_size", int(d))
+            shape = np.shape(self.params["w"])  # [H, D, D] or [H, L, D, D]
+            object.__setattr__(self, "num_heads", int(shape[0]))
+            object.__setattr__(self, "hidden_size", int(shape[-1]))
+            object.__setattr__(self, "num_layers", int(shape[1]) if len(shape) == 4 else 1)
+            object.__setattr__(self, "lm_heads", "lm_head" in self.params)
         if self.tree_candidates not in ("sample", "top"):
             raise ValueError(f"Medusa.tree_candidates must be 'sample' or 'top', got {self.tree_candidates!r}")
 
@@ -94,8 +102,7 @@ class Medusa(Drafter):
 
     def _head_scores(self, weights, state: MedusaState, ctx: DraftContext, heads: int):
         """Logits (greedy) or processed probabilities of the first `heads` heads: [B, heads, V]."""
-        hidden = medusa_hidden(jax.tree.map(lambda x: x[:heads], weights), state.feature)
-        logits = target_logits(ctx.target, ctx.target_params, hidden)
+        logits = medusa_logits(jax.tree.map(lambda x: x[:heads], weights), state.feature, ctx.target, ctx.target_params)
         return logits if ctx.sampling.greedy else probabilities(logits, ctx.sampling)
 
     def propose(self, weights, state: MedusaState, ctx: DraftContext, key):

@@ -16,6 +16,7 @@ from typing import Any
 from specjax.drafters.base import Drafter
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.fallback import Fallback
+from specjax.drafters.head_formats import published_format
 from specjax.drafters.head_io import is_head_directory, load_drafter
 from specjax.drafters.layer_skip import LayerSkip
 from specjax.drafters.prompt_lookup import PromptLookup
@@ -75,7 +76,16 @@ def _layer_skip(args: dict, build: Build) -> Drafter:
 def _head(args: dict, build: Build) -> Drafter:
     if not isinstance(args.get("allow_transfer", False), bool):
         raise ValueError(f"{{kind: head}}'s allow_transfer is true or false, got {args['allow_transfer']!r}")
-    return load_drafter(str(args["path"]), build.target, allow_transfer=args.get("allow_transfer", False))
+    aux = args.get("aux_layers")
+    if aux is not None and (not isinstance(aux, list | tuple) or not all(isinstance(i, int) for i in aux)):
+        raise ValueError(f"{{kind: head}}'s aux_layers is a list of block indices, got {aux!r}")
+    return load_drafter(
+        str(args["path"]),
+        build.target,
+        allow_transfer=args.get("allow_transfer", False),
+        aux_layers=None if aux is None else tuple(aux),
+        aux_convention=args.get("aux_convention") or "vllm",
+    )
 
 
 register("prompt_lookup", *_dataclass_kind(PromptLookup), doc="n-gram matching in the row's own text")
@@ -83,7 +93,8 @@ register("layer_skip", _layer_skip, {"layers", "catch_up", "tree_candidates"}, d
 register("draft_model", lambda a, b: DraftModel(b.load(a["model"])), {"model"}, {"model"}, doc="a draft model")
 register("fallback", lambda a, b: Fallback(b.make(a["first"]), b.make(a["then"])), {"first", "then"},
          {"first", "then"}, doc="`first` where it found something, `then` elsewhere")  # fmt: skip
-register("head", _head, {"path", "allow_transfer"}, {"path"}, doc="a trained head (Medusa, EAGLE, EAGLE-3)")
+register("head", _head, {"path", "allow_transfer", "aux_layers", "aux_convention"}, {"path"},
+         doc="a trained or published head (Medusa, EAGLE, EAGLE-3, speculators)")  # fmt: skip
 ALIASES = {"ngram": "prompt_lookup", "medusa": "head", "eagle": "head", "eagle3": "head"}
 
 
@@ -124,7 +135,8 @@ def name_to_mapping(spec: str) -> dict:
         if not count.isdigit():
             raise ValueError(f"layer-skip:N needs an integer N, got {spec!r}")
         return {"kind": "layer_skip", "layers": int(count)}
-    if is_head_directory(embedded_path(spec) or Path(spec).expanduser()):
+    where = embedded_path(spec) or Path(spec).expanduser()
+    if is_head_directory(where) or published_format(where) is not None:
         return {"kind": "head", "path": spec}  # as given: its errors name the head as the user wrote it
     if spec in RANDOM_PRESETS or spec in embedded_names() or Path(spec).expanduser().exists():
         return {"kind": "draft_model", "model": spec}
@@ -146,6 +158,9 @@ def make_drafter(
         {kind: fallback, first: {...}, then: {...}}
         {kind: head, path: stdlib-medusa}                        a head by name or directory
         {kind: head, path: DIR, allow_transfer: true}            ...on a target it was not trained for
+        {kind: head, path: DIR, aux_layers: [1, 3, 6]}           a published EAGLE-3 head, its blocks given
+    A directory that holds a published head (EAGLE-1/2, EAGLE-3, Medusa, speculators:
+    drafters/head_formats.py) is a head too, told from a draft model by its tensor names.
     A head is checked against `target` (load_drafter): one trained for another target is
     refused unless allow_transfer (shapes must match even then). Given a Model, its weights
     are checked too; given a ModelConfig, its config only. An unknown name is a ValueError
