@@ -2,7 +2,8 @@
 
     generate.py  `specjax generate`: prompts in, text and acceptance statistics out
     config_commands.py  the config-driven commands: train, distill, train-head, bench
-    models.py    `specjax save-model`: any loadable model written as an HF directory
+    models.py    `specjax save-model`: any loadable model written as an HF directory;
+                 `specjax save-head`: a draft head in a published layout (vLLM, SGLang)
     errors.py    what a user sees when something is wrong: one line, exit status 2
 
 `main` is the console script (pyproject.toml) and `python -m specjax.cli`.
@@ -15,7 +16,7 @@ import argparse
 from specjax.cli.config_commands import add_bench, add_distill, add_train, add_train_head
 from specjax.cli.errors import add_debug_argument, run_command
 from specjax.cli.generate import add_generate
-from specjax.cli.models import add_save_model
+from specjax.cli.models import add_save_head, add_save_model
 
 _DESCRIPTION = """\
 specjax: speculative decoding you can measure.
@@ -44,6 +45,7 @@ examples:
   specjax bench --config configs/e3_k_sweep.yaml --out runs/e3 --set timing.repeats=9
   specjax generate --target smollm2-135m-instruct --chat --prompt "What is the capital of France?"
   specjax save-model smollm2-135m-instruct --out smollm2-hf
+  specjax save-head stdlib-medusa --format medusa --out medusa-head
 
 Errors print one line (`specjax: error: ...`, exit status 2); --debug, or SPECJAX_DEBUG=1,
 shows the traceback instead.
@@ -66,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=_version())
     add_debug_argument(parser, top_level=True)
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
-    for add in (add_generate, add_train, add_distill, add_train_head, add_bench, add_save_model):
+    for add in (add_generate, add_train, add_distill, add_train_head, add_bench, add_save_model, add_save_head):
         add_debug_argument(add(subparsers))
     return parser
 

@@ -1,6 +1,7 @@
 """`specjax save-model`: a model by name or path (a GGUF file, a packaged model, an embedded
 one) written as a Hugging Face directory (config.json, model.safetensors, tokenizer), so it
-can be compared with, or served by, other tools."""
+can be compared with, or served by, other tools. `specjax save-head`: a draft head written
+in a layout others publish (drafters/head_writers.py), for vLLM and SGLang."""
 
 from __future__ import annotations
 
@@ -37,4 +38,45 @@ def _save_model(args) -> int:
     model = load_model(args.model, dtype=args.dtype)
     save_model(model, out)
     print(f"wrote {args.model} ({model.num_parameters:,} parameters, {args.dtype}) to {out}")
+    return 0
+
+
+def add_save_head(subparsers):
+    from specjax.drafters.head_writers import FORMATS
+    from specjax.io.embedded import default_pair, embedded_heads
+
+    heads = ", ".join(embedded_heads()) or "none installed"
+    p = subparsers.add_parser(
+        "save-head",
+        aliases=["save_head"],
+        help="write a draft head in a published layout (EAGLE-1/2, EAGLE-3, speculators, Medusa) for vLLM / SGLang",
+        description="Load a draft head as --drafter takes it (an embedded head, a directory written by train-head "
+        "or save_drafter, or a published head) against its target, and write it in --format: eagle (EAGLE-1/2: "
+        "config.json + model.safetensors), eagle3 (EAGLE-3, midlayer.*, d2t/t2d), speculators (vLLM's "
+        "speculators config.json), medusa (medusa_lm_head.safetensors) or specjax (drafter.json). A head whose "
+        "network is not the published one (specjax's own EAGLE head, its multi-layer head with a reduce matrix) "
+        "is refused with what differs. See docs/heads.md.",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("head", help=f"the head: an embedded one ({heads}) or a directory")
+    p.add_argument("--target", default=default_pair()[0], help="the target model the head drafts for (as --target)")
+    p.add_argument("--format", required=True, choices=FORMATS, help="the layout to write")
+    p.add_argument("--out", required=True, help="directory to write (created; must be empty if it exists)")
+    p.set_defaults(func=_save_head)
+    return p
+
+
+def _save_head(args) -> int:
+    from pathlib import Path
+
+    from specjax.drafters.head_io import load_drafter, save_drafter
+    from specjax.io.presets import load_model
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"--out {out} exists and is not empty; choose a new directory")
+    target = load_model(args.target)
+    head = load_drafter(args.head, target)
+    save_drafter(head, out, target_name=args.target, target=target, format=args.format)
+    print(f"wrote {args.head} ({head.name} head for {args.target}) as {args.format} to {out}")
     return 0

@@ -5,7 +5,8 @@ for) and `model.safetensors` (the head's own weights only: the target's embeddin
 head are read from the target at run time, never stored twice).
 
 `load_drafter` also reads the heads others publish (EAGLE-1/2, EAGLE-3, Medusa-1/2,
-speculators): drafters/head_formats.py.
+speculators): drafters/head_formats.py; `save_drafter(..., format=...)` writes them:
+drafters/head_writers.py.
 
 A head reads one target's hidden states, so `load_drafter` refuses another target: one of
 other shapes always (the head cannot even run), and one of the same shapes but another
@@ -29,6 +30,7 @@ from specjax.drafters.base import Drafter
 from specjax.drafters.eagle import Eagle
 from specjax.drafters.head_files import WEIGHT_FILES
 from specjax.drafters.head_formats import load_published
+from specjax.drafters.head_writers import write_published
 from specjax.drafters.medusa import Medusa
 from specjax.io.embedded import embedded_path
 from specjax.io.model import Model
@@ -194,15 +196,27 @@ def _check_target(label: str, config: dict, params: dict, target: Model | ModelC
 
 
 def save_drafter(
-    drafter: Drafter, path, target_name: str | None = None, target: Model | ModelConfig | None = None
+    drafter: Drafter,
+    path,
+    target_name: str | None = None,
+    target: Model | ModelConfig | None = None,
+    *,
+    format: str = "specjax",
 ) -> Path:
     """Write a trained head to `path` (a directory), naming the target it was trained for.
 
     target: the Model it was trained for (its config and weights are fingerprinted, so
     load_drafter can refuse another), or only its ModelConfig (the config is).
+    format: "specjax" (drafter.json + model.safetensors, the default), or a published layout
+    that vLLM, SGLang and the reference code read: "eagle" (EAGLE-1/2), "eagle3", "speculators"
+    or "medusa" (drafters/head_writers.py). A head whose network is not the published one is a
+    ValueError naming the differences; "eagle" also needs the target Model (its files carry the
+    target's embedding). Published files hold no fingerprint: target_name is their only record.
     """
     if not isinstance(drafter, Medusa | Eagle) or drafter.params is None:
         raise ValueError(f"save_drafter saves trained heads (Medusa or Eagle with weights), got {drafter!r}")
+    if format != "specjax":
+        return write_published(drafter, path, format, target_name, target)
     if isinstance(drafter, Medusa):
         shape = {"num_heads": drafter.num_heads, "hidden_size": drafter.hidden_size, "vocab_size": drafter.vocab_size}
     else:
