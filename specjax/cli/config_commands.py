@@ -106,14 +106,17 @@ def add_train_head(subparsers):
         description="Train a draft head that reads the target's own hidden states: Medusa (K residual heads "
         "through the target's LM head), EAGLE (one decoder layer extrapolating the target's final feature) or "
         "EAGLE-3-style (the same over several of the target's layers), distilled toward the target's "
-        "distribution. Writes metrics.jsonl (with held-out acceptance), results.json and the head under "
-        "OUT/head, which `specjax generate --drafter OUT/head` and `specjax.load_drafter` accept for the target "
-        "it was trained for. Rerunning the same command resumes.",
+        "distribution; or EAGLE-3 as published (eagle.eagle3.enabled: its own LM head over a draft vocabulary "
+        "picked by token frequency, trained by the multi-step training-time test). Writes metrics.jsonl (with "
+        "held-out acceptance), results.json and the head under OUT/head, which `specjax generate --drafter "
+        "OUT/head` and `specjax.load_drafter` accept for the target it was trained for. Rerunning the same "
+        "command resumes.",
         formatter_class=HelpFormatter,
     )
     _add_run_arguments(
         p,
-        "YAML of a HeadTrainConfig (configs/medusa_head.yaml, configs/eagle_head.yaml, configs/eagle3_head.yaml)",
+        "YAML of a HeadTrainConfig (configs/medusa_head.yaml, configs/eagle_head.yaml, configs/eagle3_head.yaml, "
+        "configs/eagle3_published_head.yaml)",
         _RESUMABLE_OUT,
     )
     p.set_defaults(func=_train_head)

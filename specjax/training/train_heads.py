@@ -5,6 +5,11 @@ p - 1) and is trained to regress the target's feature at p (smooth L1) plus a
 distillation term, KL(p_target || q_head) for the token at p + 1, weighted as in the paper
 (features 1.0, tokens 0.1 by default).
 
+EAGLE-3 as published (`eagle.eagle3.enabled`; training/eagle3_objective.py): fc over three
+target layers' raw states, its own LM head over a draft vocabulary picked by frequency in
+the training data (training/draft_vocab.py, saved as OUT/draft_vocab.json), trained by the
+multi-step training-time test.
+
 Medusa (Cai et al. 2024): head k at position t is trained toward the target's own
 distribution for the token at t + 1 + k, i.e. the target's prediction at position t + k
 given the true prefix (self-distillation: KL(p_target || q_head)),
@@ -27,12 +32,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from tqdm.auto import tqdm
 
 from specjax.api import generate
 from specjax.config import GenerationConfig, SpeculativeConfig
 from specjax.drafters.eagle import Eagle
+from specjax.drafters.head_formats import eagle3_layers
 from specjax.drafters.head_io import save_drafter
 from specjax.drafters.medusa import Medusa
 from specjax.io.model import Model
@@ -47,10 +54,16 @@ from specjax.models.heads import (
     unrolled,
 )
 from specjax.training.data import DataConfig, held_out_prompts, training_batch
+from specjax.training.draft_vocab import FILE as DRAFT_VOCAB_FILE
+from specjax.training.draft_vocab import draft_vocab_for_run
+from specjax.training.eagle3_objective import Eagle3Config, TTTLoss, eagle3_options, init_eagle3_params
 from specjax.training.run_dirs import open_run, resume_or_start
 from specjax.training.train import OptimConfig, make_optimizer
 
 KINDS = ("medusa", "eagle")
+# One optimizer object per (settings, steps): with a loss that compares by value (TTTLoss),
+# the jitted step, whose static arguments both are, compiles once for equal runs in a process.
+_optimizer = functools.lru_cache(maxsize=8)(make_optimizer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +78,10 @@ class EagleHeadConfig:
     # () reads the final-norm feature (EAGLE); block indices (low, mid, high) read those
     # blocks' outputs concatenated (EAGLE-3), and training unrolls one step (models/heads.py unrolled).
     feature_layers: tuple[int, ...] = ()
+    # enabled: the published EAGLE-3 network and its training-time test instead
+    # (training/eagle3_objective.py); feature_layers then default to the published (HF 2, L//2,
+    # L-3), and feature_weight / token_weight above are not used (eagle3 has its own).
+    eagle3: Eagle3Config = dataclasses.field(default_factory=Eagle3Config)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +115,8 @@ class HeadTrainConfig:
         for name in ("num_heads", "steps", "checkpoint_every", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.eagle.eagle3.enabled and self.kind != "eagle":
+            raise ValueError(f"eagle.eagle3.enabled trains an EAGLE head: set kind=eagle (got kind={self.kind})")
 
 
 def medusa_loss(target_config: ModelConfig, target_params, head_params, tokens):
@@ -160,7 +179,7 @@ class _Kind:
     part_names: tuple[str, ...]
 
 
-def _kind(config: HeadTrainConfig, target: Model) -> _Kind:
+def _kind(config: HeadTrainConfig, target: Model, out_dir: Path) -> _Kind:
     if config.kind == "medusa":
         dtype = jnp.dtype(target.config.dtype)
         return _Kind(
@@ -170,6 +189,8 @@ def _kind(config: HeadTrainConfig, target: Model) -> _Kind:
             part_names=("loss_per_head",),
         )
     e = config.eagle
+    if e.eagle3.enabled:
+        return _eagle3_kind(config, target, out_dir)
     layer = head_config(target.config, e.num_attention_heads, e.num_key_value_heads, e.intermediate_size)
     # Checked before any training: a bad index is a ValueError naming it.
     layers = feature_layers(e.feature_layers, target.config.num_hidden_layers) if e.feature_layers else ()
@@ -182,8 +203,33 @@ def _kind(config: HeadTrainConfig, target: Model) -> _Kind:
     )
 
 
+def _eagle3_kind(config: HeadTrainConfig, target: Model, out_dir: Path) -> _Kind:
+    """The published EAGLE-3 network (training/eagle3_objective.py): the drafter is the one a
+    loaded published head is (same HeadOptions), with the run's draft vocabulary's d2t."""
+    e, s, target_config = config.eagle, config.eagle.eagle3, target.config
+    layer = head_config(target_config, e.num_attention_heads, e.num_key_value_heads, e.intermediate_size)
+    num = target_config.num_hidden_layers
+    layers = feature_layers(e.feature_layers, num) if e.feature_layers else eagle3_layers({}, num)
+    v = target_config.vocab_size
+    vocab = draft_vocab_for_run(out_dir, config.data, config.seed, config.steps, v, s.draft_vocab_size or v)
+    options = eagle3_options(vocab.size)
+    mapping = {} if vocab.is_identity else {"d2t": jnp.asarray(vocab.d2t)}  # not trained: added to the drafter's
+    names = (
+        "loss_per_step",
+        "kl_per_step",
+        "accuracy_per_step",
+        *(("feature_loss_per_step",) if s.feature_weight else ()),
+    )
+    return _Kind(
+        initial=init_eagle3_params(layer, len(layers), vocab, config.seed),
+        as_head=lambda p: Eagle(params={**p, **mapping}, config=layer, feature_layers=layers, options=options),
+        loss=TTTLoss(layer, target_config, options, layers, vocab, s),
+        part_names=names,
+    )
+
+
 def _parts(names: tuple[str, ...], parts) -> dict:
-    values = [float(x) for x in parts]
+    values = [np.asarray(x).tolist() for x in parts]  # a float, or a list per head / TTT step
     return {names[0]: values} if len(names) == 1 else dict(zip(names, values, strict=True))
 
 
@@ -206,12 +252,15 @@ def train_head(config: HeadTrainConfig, out_dir: str | Path, progress: bool = Tr
 
     out_dir = open_run(out_dir, config, "head_config.yaml")
     target = resolve_model(config.target)
-    kind = _kind(config, target)
+    kind = _kind(config, target, out_dir)
     as_head, initial = kind.as_head, kind.initial
-    optimizer = make_optimizer(config.optim, config.steps)
+    optimizer = _optimizer(config.optim, config.steps)
     params, opt_state, start, checkpoints, metrics = resume_or_start(
         out_dir, initial, optimizer, config.checkpoint_every
     )
+    if start:  # restored arrays are committed to a device, fresh ones are not, and jit keys on that:
+        # uncommitted, a run resumed in this process reuses the programs compiled here (a head is small)
+        params, opt_state = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), (params, opt_state))
     prompts = held_out_prompts("code", config.eval.prompts, config.eval.prompt_bytes, split="validation")
     if start == 0:
         metrics.write({"step": 0, **head_acceptance(config, target, as_head(initial), prompts)})
@@ -251,7 +300,13 @@ def train_head(config: HeadTrainConfig, out_dir: str | Path, progress: bool = Tr
         "mean_acceptance_length_before": rows[0]["mean_acceptance_length_greedy"],
         "mean_acceptance_length_after": final["mean_acceptance_length_greedy"],
         "head": str(head_dir),
+        **({"draft_vocab": _vocab_summary(out_dir)} if config.eagle.eagle3.enabled else {}),
         "eval": dataclasses.asdict(config.eval),
     }
     (out_dir / "results.json").write_text(json.dumps(results, indent=2))
     return results
+
+
+def _vocab_summary(out_dir: Path) -> dict:
+    saved = json.loads((out_dir / DRAFT_VOCAB_FILE).read_text())
+    return {k: saved[k] for k in ("draft_vocab_size", "vocab_size", "coverage", "counted_steps")}
