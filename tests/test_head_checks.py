@@ -114,7 +114,10 @@ def test_embedded_heads_refuse_the_random_target_and_serve_their_own():
     stdlib_target = specjax.load_model("stdlib-target")  # weights too: its fingerprint is the stored one
     assert make_drafter("stdlib-medusa", _refuse_loading, stdlib_target).name == "medusa"
     assert make_drafter({"kind": "head", "path": "stdlib-eagle3"}, _refuse_loading, stdlib_target).name == "eagle"
-    with pytest.raises(ValueError, match=r"drafter kind 'head' takes allow_transfer, path \(path required\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"drafter kind 'head' takes allow_transfer, aux_convention, aux_layers, path \(path required\)",
+    ):
         make_drafter({"kind": "head", "path": "stdlib-medusa", "allow": True}, _refuse_loading, stdlib_target)
 
 
