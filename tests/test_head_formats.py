@@ -387,6 +387,10 @@ def test_bad_files_are_clear_errors(pair, heads, tmp_path, monkeypatch):
         specjax.load_drafter(tmp_path / "corrupt", target)
     with pytest.raises(ValueError, match=r"not a specjax head directory .* nor a published head"):
         specjax.load_drafter(tmp_path, target)
+    for flag in ("fc_norm", "norm_output"):  # speculators' variant flags are refused, not ignored
+        edited = _copy(heads["speculators"][0], tmp_path / flag, lambda c, f=flag: {**c, f: True})
+        with pytest.raises(ValueError, match=f"EAGLE-3 variant {flag} is not supported"):
+            specjax.load_drafter(edited, target)
     monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
     with pytest.raises(ValueError, match=r"torch pickle.*install torch.*convert the file to safetensors"):
         specjax.load_drafter(heads["eagle1"][0], target)

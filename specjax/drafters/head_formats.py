@@ -138,7 +138,16 @@ def _speculators(config: dict, directory: Path) -> tuple[str, dict]:
             "bias": bool(config.get("fusion_bias", False)),
             "_prefix": ("fusion_fc", "transformer"),
         }
-    fields = ("draft_vocab_size", "norm_before_residual", "norm_before_fc", "target_hidden_size")
+    # The variant flags travel with the config so that _eagle3 refuses those it cannot run
+    # (fc_norm: EAGLE-3.1's norms on each fused layer; norm_output: a norm on the layer output).
+    fields = (
+        "draft_vocab_size",
+        "norm_before_residual",
+        "norm_before_fc",
+        "fc_norm",
+        "norm_output",
+        "target_hidden_size",
+    )
     extra = {k: config[k] for k in (*fields, "eagle_aux_hidden_state_layer_ids") if k in config}
     return "eagle3", {**layer, **extra, "_prefix": ("fc", "layers.0")}
 
@@ -231,6 +240,8 @@ def _eagle3(config: dict, t: HeadTensors, target: ModelConfig, layers: tuple[int
     unsupported = {
         "norm_before_residual": config.get("norm_before_residual"),
         "norm_before_fc": config.get("norm_before_fc"),
+        "fc_norm": config.get("fc_norm"),
+        "norm_output": config.get("norm_output"),
         "use_aux_hidden_state=false": (config.get("eagle_config") or {}).get("use_aux_hidden_state") is False,
     }
     flags = [k for k, v in unsupported.items() if v]

@@ -1,0 +1,179 @@
+"""The records of a user dataset file, before tokenization (specjax/training/datasets.py).
+
+Formats, detected per file from its first JSON object (or set by `DatasetConfig.format`):
+  text             JSONL {"text": ...}: a document; every token is trained on.
+  prompt_response  JSONL {"prompt": ..., "response": ..., "system": ... (optional)}: a user
+                   turn and the assistant's reply.
+  messages         JSONL {"messages": [{"role": "system" | "user" | "assistant", "content": ...}]}
+                   (OpenAI style).
+  conversations    JSONL {"conversations": [{"from": "system" | "human" | "gpt", "value": ...}]}
+                   (ShareGPT; "user" and "assistant" are accepted for "human" and "gpt").
+  plain            a text file (.txt, .md, .text; or a file not named .jsonl, .ndjson or .json
+                   whose first line is not JSON):
+                   paragraphs (split at blank lines) grouped into documents of at least
+                   `plain_chunk_chars` characters; every token is trained on.
+Blank JSONL lines are skipped; every other line is a record, usable or a `BadRecord` with a
+reason from BAD_REASONS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+FORMATS = ("auto", "text", "prompt_response", "messages", "conversations", "plain")
+CHAT_FORMATS = ("prompt_response", "messages", "conversations")
+BAD_REASONS = (
+    "invalid_json",  # the line is not UTF-8 JSON
+    "not_an_object",
+    "missing_field",  # the format's field is absent or has the wrong type
+    "empty_text",  # a text, or an assistant turn, with no non-whitespace character
+    "invalid_message",  # a turn that is not {role, content: str} / {from, value: str}
+    "unknown_role",
+    "no_assistant_turn",
+    "assistant_first",  # the chat opens with an assistant turn: no prompt to render before it
+    "template_error",  # the chat template rejected the chat (the report keeps its message)
+    "template_not_prefix_stable",  # a rendered prefix does not tokenize to a prefix of the chat
+    "empty_after_mask",  # nothing left to train on
+)
+_ROLES = {
+    "messages": {"system": "system", "user": "user", "assistant": "assistant"},
+    "conversations": {
+        "system": "system",
+        "human": "user",
+        "user": "user",
+        "gpt": "assistant",
+        "assistant": "assistant",
+    },
+}
+_TURN_KEYS = {"messages": ("role", "content"), "conversations": ("from", "value")}
+_PLAIN_SUFFIXES = (".txt", ".md", ".text")
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    line: int  # 1-based; plain text: the line of the document's first paragraph
+    split_key: str  # what split_of hashes: the record's content, less its assistant turns
+    text: str | None = None  # a document (text, plain)
+    messages: tuple[dict, ...] | None = None  # a chat: {role: system | user | assistant, content}
+
+
+class BadRecord(Exception):
+    def __init__(self, reason: str, detail: str = ""):
+        assert reason in BAD_REASONS, reason
+        super().__init__(reason, detail)
+        self.reason, self.detail = reason, detail
+
+
+def detect_format(path: str | Path) -> str:
+    """The format of a file: plain by suffix, else from the keys of its first JSON object."""
+    path = Path(path)
+    jsonl = path.suffix.lower() in (".jsonl", ".ndjson", ".json")  # .json: never read a JSON array as text
+    if path.suffix.lower() in _PLAIN_SUFFIXES:
+        return "plain"
+    with path.open("rb") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                if not jsonl:
+                    return "plain"  # a text file by another name
+                continue
+            if isinstance(obj, dict):
+                for key in ("messages", "conversations", "text"):
+                    if key in obj:
+                        return key
+                if "prompt" in obj or "response" in obj:
+                    return "prompt_response"
+                raise ValueError(f"{path}:{number}: cannot tell the format from the keys {sorted(obj)}; set format")
+    raise ValueError(f"{path}: no line holds a JSON object, so the format cannot be detected; set format")
+
+
+def _messages(obj: dict, fmt: str) -> list[dict]:
+    """The chat of a JSONL record as [{role, content}], roles system / user / assistant."""
+    if fmt == "prompt_response":
+        missing = [k for k in ("prompt", "response") if not isinstance(obj.get(k), str)]
+        if missing or not isinstance(obj.get("system", ""), str):
+            raise BadRecord("missing_field", f"no string {missing or ['system']}")
+        system = [{"role": "system", "content": obj["system"]}] if "system" in obj else []
+        return [*system, {"role": "user", "content": obj["prompt"]}, {"role": "assistant", "content": obj["response"]}]
+    role_key, content_key = _TURN_KEYS[fmt]
+    turns = obj.get(fmt)
+    if not isinstance(turns, list) or not turns:
+        raise BadRecord("missing_field", f"no non-empty list {fmt!r}")
+    messages = []
+    for turn in turns:
+        if not isinstance(turn, dict) or role_key not in turn or not isinstance(turn.get(content_key), str):
+            raise BadRecord("invalid_message", json.dumps(turn, ensure_ascii=False)[:80])
+        if turn[role_key] not in _ROLES[fmt]:
+            raise BadRecord("unknown_role", f"{role_key} {turn[role_key]!r}")
+        messages.append({"role": _ROLES[fmt][turn[role_key]], "content": turn[content_key]})
+    return messages
+
+
+def _record(number: int, obj, fmt: str) -> Record:
+    if not isinstance(obj, dict):
+        raise BadRecord("not_an_object", type(obj).__name__)
+    if fmt == "text":
+        if not isinstance(obj.get("text"), str):
+            raise BadRecord("missing_field", "no string 'text'")
+        if not obj["text"].strip():
+            raise BadRecord("empty_text", "'text' is blank")
+        return Record(number, obj["text"], text=obj["text"])
+    messages = _messages(obj, fmt)
+    if not any(m["role"] == "assistant" for m in messages):
+        raise BadRecord("no_assistant_turn", f"roles {[m['role'] for m in messages]}")
+    if messages[0]["role"] == "assistant":  # transformers renders no empty chat, so no prefix before it
+        raise BadRecord("assistant_first", "the first turn is the assistant's")
+    if any(m["role"] == "assistant" and not m["content"].strip() for m in messages):
+        raise BadRecord("empty_text", "an assistant turn is blank")
+    # The split key leaves the assistant turns out, so regenerating the answers keeps the split;
+    # it is the same for a chat in any of the chat formats.
+    asked = [[m["role"], m["content"]] for m in messages if m["role"] != "assistant"]
+    key = json.dumps(asked or [[m["role"], m["content"]] for m in messages], ensure_ascii=False)
+    return Record(number, key, messages=tuple(messages))
+
+
+def read_records(path: Path, fmt: str, plain_chunk_chars: int) -> Iterator[tuple[int, Record | BadRecord]]:
+    """(line number, Record or BadRecord) for every record of the file, in file order."""
+    if fmt == "plain":
+        yield from _plain_records(path, plain_chunk_chars)
+        return
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw.decode("utf-8-sig"))  # -sig: a byte-order mark on line 1
+            except ValueError as e:  # UnicodeDecodeError and JSONDecodeError both
+                yield number, BadRecord("invalid_json", str(e)[:80])
+                continue
+            try:
+                yield number, _record(number, obj, fmt)
+            except BadRecord as bad:
+                yield number, bad
+
+
+def _plain_records(path: Path, chunk_chars: int) -> Iterator[tuple[int, Record]]:
+    """Paragraphs (runs of non-blank lines) grouped into documents of >= chunk_chars characters."""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    chunk: list[str] = []
+    first, start, size = 0, None, 0
+    for i, line in enumerate([*lines, ""]):  # the sentinel blank line ends the last paragraph
+        if line.strip():
+            if start is None:
+                start = i
+            continue
+        if start is not None:
+            first = first if chunk else start + 1
+            chunk.append("\n".join(lines[start:i]))
+            start, size = None, size + len(chunk[-1])
+            if size >= chunk_chars:
+                yield first, Record(first, "\n\n".join(chunk), text="\n\n".join(chunk))
+                chunk, size = [], 0
+    if chunk:
+        yield first, Record(first, "\n\n".join(chunk), text="\n\n".join(chunk))
