@@ -183,6 +183,36 @@ def test_layer_skip_reads_the_targets_params_without_copies(target):
         assert out.tokens == specjax.generate(model, PROMPTS).tokens
 
 
+def test_layer_skip_starts_from_the_targets_prefilled_cache(target):
+    """`init` copies the target's first N layers of K/V instead of prefilling its own: they
+    equal what its own N-layer prefill writes at every prompt slot (the slots it can read)."""
+    from specjax.core.loop import prefill
+
+    prompt = jnp.asarray([[1, 2, 3, 4, 5, 6], [7, 8, 9, 0, 0, 0]], jnp.int32)  # right-padded
+    lengths = jnp.asarray([6, 3], jnp.int32)
+    state = specjax.init_state(target, [[1, 2, 3, 4, 5, 6], [7, 8, 9]], GREEDY, draft=specjax.LayerSkip(1))
+    ctx = DraftContext(
+        tokens=state.tokens,
+        lengths=lengths,
+        prompt_lengths=lengths,
+        done=state.done,
+        target_params=target.params,
+        target=target.config,
+        num_speculative_tokens=2,
+        sampling=specjax.SamplingConfig(),
+    )
+    cache_length = state.target_cache.k.shape[2]
+    full = prefill(target.config, target.params, prompt, lengths, cache_length)
+    copied = specjax.LayerSkip(1).init((), ctx.replace(target_cache=full), prompt, cache_length).cache
+    own = specjax.LayerSkip(1).init((), ctx, prompt, cache_length).cache
+    assert copied.k.shape == own.k.shape == (1, *full.k.shape[1:])
+    np.testing.assert_array_equal(np.asarray(copied.lengths), np.asarray(own.lengths))
+    for row, n in enumerate([6, 3]):
+        for name in ("k", "v"):
+            a, b = getattr(copied, name)[:, row, :n], getattr(own, name)[:, row, :n]
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
 # --- Sampling: two-sample tests against plain sampling ------------------------------------
 
 VOCAB8 = TARGET_CONFIG.replace(vocab_size=8)

@@ -55,6 +55,10 @@ class DraftContext:
     # accepted nodes of the round just verified, [B, A + 1, D] at positions L_prev - 1 + j,
     # valid for j <= num_accepted. None for other drafters.
     features: Any = None
+    # In `init` only: the target's KVCache right after the prefill ([L, B, S, n_kv, d_head]),
+    # for drafters whose own cache would hold the same K/V (layer skip's first N layers).
+    # None elsewhere: a drafter must not write into the target's cache.
+    target_cache: Any = None
 
 
 @struct.dataclass

@@ -83,7 +83,7 @@ def init_state(
         key = jax.random.fold_in(rng, 1)  # the policy's own stream: sampling's is left as it was
         ad = init_adaptive(costs, batch, plan.accepted_width, max_rounds=cache_length, groups=groups, key=key)
         state = state.replace(adaptive=ad)
-    ctx = draft_context(state, target_params).replace(features=features)
+    ctx = draft_context(state, target_params).replace(features=features, target_cache=target_cache)
     return state.replace(draft_state=plan.drafter.init(draft_weights, ctx, prompt, cache_length))
 
 
