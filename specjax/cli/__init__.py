@@ -2,6 +2,7 @@
 
     generate.py  `specjax generate`: prompts in, text and acceptance statistics out
     config_commands.py  the config-driven commands: train, distill, train-head, bench
+    regenerate.py  `specjax regenerate`: a dataset's answers written anew by the target
     models.py    `specjax save-model`: any loadable model written as an HF directory;
                  `specjax save-head`: a draft head in a published layout (vLLM, SGLang)
     errors.py    what a user sees when something is wrong: one line, exit status 2
@@ -17,6 +18,7 @@ from specjax.cli.config_commands import add_bench, add_distill, add_train, add_t
 from specjax.cli.errors import add_debug_argument, run_command
 from specjax.cli.generate import add_generate
 from specjax.cli.models import add_save_head, add_save_model
+from specjax.cli.regenerate import add_regenerate
 
 _DESCRIPTION = """\
 specjax: speculative decoding you can measure.
@@ -41,9 +43,12 @@ examples:
   specjax train --config configs/train_target.yaml --out runs/target
   specjax distill --config configs/distill_quick.yaml --out runs/distill_quick
   specjax train-head --config configs/medusa_head.yaml --out runs/medusa
+  specjax distill --target path/to/hf-model --data chats.jsonl --out runs/my_draft
+  specjax train-head --target path/to/hf-model --data chats.jsonl --out runs/my_head
   specjax bench --config configs/quick.yaml --out runs/bench_quick
   specjax bench --config configs/e3_k_sweep.yaml --out runs/e3 --set timing.repeats=9
   specjax generate --target smollm2-135m-instruct --chat --prompt "What is the capital of France?"
+  specjax regenerate --target smollm2-135m-instruct --data prompts.jsonl --out answers.jsonl
   specjax save-model smollm2-135m-instruct --out smollm2-hf
   specjax save-head stdlib-medusa --format medusa --out medusa-head
 
@@ -68,7 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=_version())
     add_debug_argument(parser, top_level=True)
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
-    for add in (add_generate, add_train, add_distill, add_train_head, add_bench, add_save_model, add_save_head):
+    for add in (
+        add_generate,
+        add_train,
+        add_distill,
+        add_train_head,
+        add_bench,
+        add_regenerate,
+        add_save_model,
+        add_save_head,
+    ):
         add_debug_argument(add(subparsers))
     return parser
 

@@ -12,9 +12,9 @@ import os
 from specjax.cli.generate import HelpFormatter
 
 
-def _add_run_arguments(p, config_help: str, out_help: str) -> None:
+def _add_run_arguments(p, config_help: str, out_help: str, config_required: bool = True) -> None:
     """What every config-driven command takes."""
-    p.add_argument("--config", required=True, help=config_help)
+    p.add_argument("--config", required=config_required, help=config_help)
     p.add_argument("--out", required=True, help=out_help)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -29,6 +29,41 @@ def _quiet(args) -> bool:
 
 
 _RESUMABLE_OUT = "run directory (rerun with the same one to resume)"
+_NO_CONFIG = " (default: the config's defaults)"
+
+
+def _add_target_and_data(p) -> None:
+    """--target and --data of the trainers that work for any target on any data."""
+    p.add_argument(
+        "--target", help="the frozen target: an embedded name, an HF directory or a GGUF file (as --set target=)"
+    )
+    p.add_argument(
+        "--data",
+        metavar="FILE",
+        help="train on this JSONL or text file instead of the stdlib corpus, tokenized with the target's tokenizer "
+        "(as --set dataset.path=; docs/training.md)",
+    )
+
+
+def _target_and_data(args) -> list[str]:
+    """--target and --data as overrides, before --set's (so an explicit --set wins). JSON-quoted:
+    a path is a string whatever YAML would read it as (123, a: b, [x])."""
+    overrides = [f"target={json.dumps(args.target)}"] if args.target else []
+    return overrides + ([f"dataset.path={json.dumps(args.data)}"] if args.data else [])
+
+
+def _draft_for_target(args) -> list[str]:
+    """A target other than the embedded pair's has no pretrained draft with its vocabulary: with
+    --target, unless the config or --set names one (draft, draft_init), distill starts a fresh
+    draft of the target's architecture and tokenizer (draft_init=config, sized by draft_config)."""
+    from specjax.configs import read_yaml
+    from specjax.io.embedded import DEFAULT_TARGET
+
+    if not args.target or args.target == DEFAULT_TARGET:
+        return []
+    named = set(read_yaml(args.config)) if args.config else set()
+    named |= {entry.split("=", 1)[0].strip() for entry in args.set}
+    return [] if named & {"draft", "draft_init"} else ["draft_init=config"]
 
 
 def add_train(subparsers):
@@ -71,8 +106,12 @@ def add_distill(subparsers):
         formatter_class=HelpFormatter,
     )
     _add_run_arguments(
-        p, "YAML of a DistillConfig, or of a comparison (base: + variants:), see configs/distill_*.yaml", _RESUMABLE_OUT
+        p,
+        "YAML of a DistillConfig, or of a comparison (base: + variants:), see configs/distill_*.yaml" + _NO_CONFIG,
+        _RESUMABLE_OUT,
+        config_required=False,
     )
+    _add_target_and_data(p)
     p.set_defaults(func=_distill)
     return p
 
@@ -82,7 +121,10 @@ def _distill(args) -> int:
     from specjax.training.distill import DistillConfig, distill
     from specjax.training.distill_compare import CompareConfig, compare, is_comparison
 
-    if is_comparison(args.config):
+    overrides = [*_target_and_data(args), *_draft_for_target(args), *args.set]
+    if args.config and is_comparison(args.config):
+        if args.target or args.data:
+            raise ValueError("--target and --data apply to one run, not a comparison: set them in its base:")
         config = load_config(CompareConfig, args.config, args.set)
         rows = compare(config, args.out, progress=_quiet(args))
         for row in rows:
@@ -93,7 +135,7 @@ def _distill(args) -> int:
             )
         print(f"wrote {args.out}/results.json, results.csv, acceptance.png")
         return 0
-    config = load_config(DistillConfig, args.config, args.set)
+    config = load_config(DistillConfig, args.config, overrides)
     results = distill(config, args.out, progress=_quiet(args))
     print(json.dumps(results, indent=2))
     return 0
@@ -116,9 +158,11 @@ def add_train_head(subparsers):
     _add_run_arguments(
         p,
         "YAML of a HeadTrainConfig (configs/medusa_head.yaml, configs/eagle_head.yaml, configs/eagle3_head.yaml, "
-        "configs/eagle3_published_head.yaml)",
+        "configs/eagle3_published_head.yaml)" + _NO_CONFIG,
         _RESUMABLE_OUT,
+        config_required=False,
     )
+    _add_target_and_data(p)
     p.set_defaults(func=_train_head)
     return p
 
@@ -127,7 +171,7 @@ def _train_head(args) -> int:
     from specjax.configs import load_config
     from specjax.training.train_heads import HeadTrainConfig, train_head
 
-    config = load_config(HeadTrainConfig, args.config, args.set)
+    config = load_config(HeadTrainConfig, args.config, [*_target_and_data(args), *args.set])
     results = train_head(config, args.out, progress=_quiet(args))
     print(json.dumps(results, indent=2))
     return 0

@@ -14,6 +14,10 @@ Formats, detected per file from its first JSON object (or set by `DatasetConfig.
                    `plain_chunk_chars` characters; every token is trained on.
 Blank JSONL lines are skipped; every other line is a record, usable or a `BadRecord` with a
 reason from BAD_REASONS.
+
+`answers_optional` reads prompts to answer (specjax/training/regenerate.py): a prompt_response
+record may leave out "response" ({"prompt": ...}), a chat may have no assistant turn, and
+assistant turns may be blank, since their text is replaced.
 """
 
 from __future__ import annotations
@@ -93,14 +97,16 @@ def detect_format(path: str | Path) -> str:
     raise ValueError(f"{path}: no line holds a JSON object, so the format cannot be detected; set format")
 
 
-def _messages(obj: dict, fmt: str) -> list[dict]:
+def _messages(obj: dict, fmt: str, answers_optional: bool = False) -> list[dict]:
     """The chat of a JSONL record as [{role, content}], roles system / user / assistant."""
     if fmt == "prompt_response":
-        missing = [k for k in ("prompt", "response") if not isinstance(obj.get(k), str)]
+        unanswered = answers_optional and obj.get("response") is None
+        missing = [k for k in ("prompt", "response")[: 1 if unanswered else 2] if not isinstance(obj.get(k), str)]
         if missing or not isinstance(obj.get("system", ""), str):
             raise BadRecord("missing_field", f"no string {missing or ['system']}")
         system = [{"role": "system", "content": obj["system"]}] if "system" in obj else []
-        return [*system, {"role": "user", "content": obj["prompt"]}, {"role": "assistant", "content": obj["response"]}]
+        answer = [] if unanswered else [{"role": "assistant", "content": obj["response"]}]
+        return [*system, {"role": "user", "content": obj["prompt"]}, *answer]
     role_key, content_key = _TURN_KEYS[fmt]
     turns = obj.get(fmt)
     if not isinstance(turns, list) or not turns:
@@ -115,7 +121,7 @@ def _messages(obj: dict, fmt: str) -> list[dict]:
     return messages
 
 
-def _record(number: int, obj, fmt: str) -> Record:
+def _record(number: int, obj, fmt: str, answers_optional: bool = False) -> Record:
     if not isinstance(obj, dict):
         raise BadRecord("not_an_object", type(obj).__name__)
     if fmt == "text":
@@ -124,12 +130,12 @@ def _record(number: int, obj, fmt: str) -> Record:
         if not obj["text"].strip():
             raise BadRecord("empty_text", "'text' is blank")
         return Record(number, obj["text"], text=obj["text"])
-    messages = _messages(obj, fmt)
-    if not any(m["role"] == "assistant" for m in messages):
+    messages = _messages(obj, fmt, answers_optional)
+    if not answers_optional and not any(m["role"] == "assistant" for m in messages):
         raise BadRecord("no_assistant_turn", f"roles {[m['role'] for m in messages]}")
     if messages[0]["role"] == "assistant":  # transformers renders no empty chat, so no prefix before it
         raise BadRecord("assistant_first", "the first turn is the assistant's")
-    if any(m["role"] == "assistant" and not m["content"].strip() for m in messages):
+    if not answers_optional and any(m["role"] == "assistant" and not m["content"].strip() for m in messages):
         raise BadRecord("empty_text", "an assistant turn is blank")
     # The split key leaves the assistant turns out, so regenerating the answers keeps the split;
     # it is the same for a chat in any of the chat formats.
@@ -138,8 +144,11 @@ def _record(number: int, obj, fmt: str) -> Record:
     return Record(number, key, messages=tuple(messages))
 
 
-def read_records(path: Path, fmt: str, plain_chunk_chars: int) -> Iterator[tuple[int, Record | BadRecord]]:
-    """(line number, Record or BadRecord) for every record of the file, in file order."""
+def read_records(
+    path: Path, fmt: str, plain_chunk_chars: int, answers_optional: bool = False
+) -> Iterator[tuple[int, Record | BadRecord]]:
+    """(line number, Record or BadRecord) for every record of the file, in file order
+    (`answers_optional`: prompts to answer, see the module docstring)."""
     if fmt == "plain":
         yield from _plain_records(path, plain_chunk_chars)
         return
@@ -153,7 +162,7 @@ def read_records(path: Path, fmt: str, plain_chunk_chars: int) -> Iterator[tuple
                 yield number, BadRecord("invalid_json", str(e)[:80])
                 continue
             try:
-                yield number, _record(number, obj, fmt)
+                yield number, _record(number, obj, fmt, answers_optional)
             except BadRecord as bad:
                 yield number, bad
 

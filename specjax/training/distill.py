@@ -6,11 +6,20 @@ generalized JSD, or TV = 1 - acceptance) at the temperature it will be used with
 mix of fixed corpus windows, target-generated sequences and the draft's own samples
 (on-policy, DistillSpec's main finding). "next_token" is the baseline objective: plain
 cross-entropy on the same data, no target involved.
+
+Any target specjax loads can be distilled for, on a user dataset (`dataset`, `--data FILE`:
+training/run_data.py): the fixed windows are then the dataset's, tokenized with the
+target's tokenizer and masked to its targets (a chat's assistant tokens), generated rows
+start from their first `prompt_len` tokens, and held-out acceptance is measured on the
+dataset's validation prompts. A draft must share the target's vocabulary: a smaller
+pretrained one of the same family (`draft`), or `draft_init: config`, a fresh draft of the
+target's architecture and tokenizer sized by `draft_config`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from pathlib import Path
@@ -25,24 +34,30 @@ from specjax.api import generate
 from specjax.config import GenerationConfig, SpeculativeConfig
 from specjax.io.model import Model
 from specjax.models import ModelConfig, full_forward, init_params
-from specjax.training.data import DataConfig, held_out_prompts, training_batch
+from specjax.training.data import DataConfig, training_batch
+from specjax.training.datasets import DatasetConfig, dataset_batch
 from specjax.training.divergences import DIVERGENCES, get_divergence
+from specjax.training.run_data import eval_prompts, report_dataset
 from specjax.training.run_dirs import open_run, resume_or_start
 from specjax.training.train import OptimConfig, make_optimizer
 
 OBJECTIVES = (*DIVERGENCES, "next_token")
+DRAFT_INITS = ("pretrained", "random", "config")
+# One optimizer object per (settings, steps): the jitted step takes it as a static argument, so
+# a run resumed in the same process (or an equal one) reuses the compiled step.
+_optimizer = functools.lru_cache(maxsize=8)(make_optimizer)
 
 
 @dataclasses.dataclass(frozen=True)
 class DistillDataConfig:
     """Where training sequences come from; the three fractions are normalised to sum to 1."""
 
-    corpus: float = 1.0  # fixed windows of the training split
-    target_generated: float = 0.0  # prompts from the corpus continued by the target
+    corpus: float = 1.0  # fixed windows of the training split (the corpus's, or the dataset's)
+    target_generated: float = 0.0  # prompts from those windows continued by the target
     draft_generated: float = 0.0  # ... continued by the current draft (on-policy)
-    seq_len: int = 128
-    prompt_len: int = 32  # corpus prefix that generated continuations start from
-    batch_size: int = 16
+    seq_len: int = 128  # tokens per row; with a dataset, dataset.seq_len + 1 instead (DistillConfig.stream)
+    prompt_len: int = 32  # window prefix that generated continuations start from
+    batch_size: int = 16  # rows per batch; with a dataset, dataset.batch_size instead
     generation_temperature: float = 1.0
 
     def __post_init__(self):
@@ -67,17 +82,50 @@ class DistillDataConfig:
 @dataclasses.dataclass(frozen=True)
 class DistillEvalConfig:
     every: int = 100
-    prompts: int = 16  # held-out code prompts from the validation split
-    prompt_bytes: int = 64
+    prompts: int = 16  # held-out prompts from the validation split (the corpus's code, or the dataset's)
+    prompt_bytes: int = 64  # corpus prompts; a text dataset's prompts are this many tokens (chats: their own)
     max_new_tokens: int = 48
     num_speculative_tokens: int = 4
 
 
 @dataclasses.dataclass(frozen=True)
+class DraftShapeConfig:
+    """`draft_config` of draft_init "config": the target's ModelConfig (family, vocabulary,
+    rotary settings, context) with these sizes; 0 keeps the target's value."""
+
+    num_hidden_layers: int = 1
+    hidden_size: int = 0
+    intermediate_size: int = 0
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    head_dim: int = 0
+
+    def __post_init__(self):
+        values = dataclasses.asdict(self)
+        if self.num_hidden_layers < 1 or min(values.values()) < 0:
+            raise ValueError(f"draft_config sizes must be >= 0 (0: the target's) and num_hidden_layers >= 1: {values}")
+
+    def model_config(self, target: ModelConfig) -> ModelConfig:
+        changes = {name: value for name, value in dataclasses.asdict(self).items() if value}
+        if target.layer_types is not None:  # per-layer attention kinds: the target's pattern, cut or repeated
+            kinds = target.layer_types
+            changes["layer_types"] = tuple(kinds[i % len(kinds)] for i in range(self.num_hidden_layers))
+        try:
+            return target.replace(**changes)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"draft_config {changes} makes no valid draft of the target's architecture: {e}") from None
+
+
+@dataclasses.dataclass(frozen=True)
 class DistillConfig:
-    target: str = "stdlib-target"  # embedded name or HF directory; frozen
-    draft: str = "stdlib-draft-pretrained"  # starting draft: embedded name or HF directory
-    draft_init: str = "pretrained"  # "pretrained" (the draft's weights) or "random" (its architecture only)
+    target: str = "stdlib-target"  # anything load_model reads (embedded name, HF directory, GGUF file); frozen
+    draft: str = "stdlib-draft-pretrained"  # starting draft: embedded name or HF directory (not with draft_init config)
+    # "pretrained" (the draft's weights), "random" (its architecture only), or "config": a
+    # fresh draft of the target's architecture and tokenizer sized by draft_config
+    draft_init: str = "pretrained"
+    draft_config: DraftShapeConfig = dataclasses.field(default_factory=DraftShapeConfig)
+    # A user dataset to train on instead of the corpus (`--data FILE`, training/run_data.py)
+    dataset: DatasetConfig | None = None
     objective: str = "forward_kl"  # forward_kl | reverse_kl | jsd | tv | next_token
     beta: float = 0.5  # jsd only
     temperature: float = 1.0  # distil toward the target at the temperature the draft will sample with
@@ -92,12 +140,29 @@ class DistillConfig:
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {self.objective!r}; choose one of {', '.join(OBJECTIVES)}")
-        if self.draft_init not in ("pretrained", "random"):
-            raise ValueError(f"draft_init must be 'pretrained' or 'random', got {self.draft_init!r}")
+        if self.draft_init not in DRAFT_INITS:
+            raise ValueError(f"draft_init must be one of {', '.join(DRAFT_INITS)}, got {self.draft_init!r}")
         for name in ("steps", "checkpoint_every", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         get_divergence("tv" if self.objective == "next_token" else self.objective, self.temperature, self.beta)
+        self.stream()  # checks prompt_len against a dataset's rows
+
+    def stream(self) -> DistillDataConfig:
+        """`data` with the rows batches really have: with a dataset, its windows (seq_len + 1
+        tokens, seq_len predicted) and batch_size rows. Without generated rows prompt_len is
+        not used, so it is cut to fit a short window rather than refused."""
+        if self.dataset is None:
+            return self.data
+        data, length = self.data, self.dataset.seq_len + 1
+        if not (data.target_generated or data.draft_generated):
+            data = dataclasses.replace(data, prompt_len=min(data.prompt_len, length - 1))
+        elif not data.prompt_len < length:
+            raise ValueError(
+                f"data.prompt_len {data.prompt_len} must be < dataset.seq_len + 1 = {length}: generated rows "
+                "continue the first prompt_len tokens of a dataset window"
+            )
+        return dataclasses.replace(data, seq_len=length, batch_size=self.dataset.batch_size)
 
 
 def distillation_loss(
@@ -127,15 +192,22 @@ def _step(static, optimizer, target_params, draft_params, opt_state, tokens, mas
 
 def distillation_batch(config: DistillConfig, target: Model, draft: Model, step: int):
     """tokens [B, seq_len] and loss mask [B, seq_len - 1] for `step`; a pure function of (seed, step, draft).
+    (B, seq_len) are `config.stream()`'s; mask[:, t] weighs the prediction at t of token t + 1.
 
     Generated rows are masked to their continuation: the draft learns where it will
-    propose, not on the prompt it is given.
+    propose, not on the prompt it is given. Dataset rows keep the dataset's mask (the
+    corpus has none: every position).
     """
-    data = config.data
+    data = config.stream()
     rows = data.rows()
-    corpus_config = DataConfig(seq_len=data.seq_len - 1, batch_size=data.batch_size, prose_fraction=0.0)
-    windows = training_batch(corpus_config, config.seed, step)  # [B, seq_len]
-    masks = np.ones((data.batch_size, data.seq_len - 1), np.float32)
+    if config.dataset is None:
+        corpus_config = DataConfig(seq_len=data.seq_len - 1, batch_size=data.batch_size, prose_fraction=0.0)
+        windows = training_batch(corpus_config, config.seed, step)  # [B, seq_len]
+        masks = np.ones((data.batch_size, data.seq_len - 1), np.float32)
+    else:
+        windows, targets = dataset_batch(config.dataset, target.tokenizer, config.seed, step)  # [B, seq_len] both
+        windows = np.array(windows)  # its own copy: generated rows are written into it
+        masks = targets[:, 1:].astype(np.float32)  # [B, seq_len - 1]: aligned mask -> predicted positions
     start = rows["corpus"]
     for source, model in (("target", target), ("draft", draft)):
         count = rows[source]
@@ -146,6 +218,7 @@ def distillation_batch(config: DistillConfig, target: Model, draft: Model, step:
         settings = dict(max_new_tokens=data.seq_len - data.prompt_len, seed=seed)
         out = generate(model, prompts, GenerationConfig.at_temperature(data.generation_temperature, **settings))
         windows[start : start + count, data.prompt_len :] = np.asarray(out.tokens, np.int32)
+        masks[start : start + count] = 1.0  # the continuation is the model's: all of it is learned
         masks[start : start + count, : data.prompt_len - 1] = 0.0
         start += count
     return windows, masks
@@ -165,6 +238,27 @@ def acceptance(config: DistillConfig, target: Model, draft: Model, prompts: list
     return out
 
 
+def _start_draft(config: DistillConfig, target: Model) -> Model:
+    """The draft training starts from: `draft` (its weights, or its architecture freshly
+    drawn), or with draft_init "config" one of the target's architecture and tokenizer."""
+    from specjax.io.presets import resolve_model
+
+    if config.draft_init == "config":
+        draft_config = config.draft_config.model_config(target.config)
+        # trained_context: the rows it learns from, so generation warns past them.
+        trained = config.stream().seq_len
+        return Model(draft_config, init_params(draft_config, config.seed), target.tokenizer, trained)
+    start = resolve_model(config.draft)
+    if target.config.vocab_size != start.config.vocab_size:
+        raise ValueError(
+            f"draft vocab_size {start.config.vocab_size} != target vocab_size {target.config.vocab_size}: "
+            "the draft must share the target's tokenizer; set draft_init=config for a fresh draft of the "
+            "target's architecture (sized by draft_config), or draft=<a model with its vocabulary>"
+        )
+    params = start.params if config.draft_init == "pretrained" else init_params(start.config, config.seed)
+    return Model(start.config, params, tokenizer=start.tokenizer, trained_context=start.trained_context)
+
+
 def distill(config: DistillConfig, out_dir: str | Path, progress: bool = True, stop_after: int | None = None) -> dict:
     """Distil (or resume distilling) into `out_dir`; returns the results dict.
 
@@ -175,22 +269,22 @@ def distill(config: DistillConfig, out_dir: str | Path, progress: bool = True, s
     from specjax.io.presets import resolve_model
 
     out_dir = open_run(out_dir, config, "distill_config.yaml")
-    target, start_draft = resolve_model(config.target), resolve_model(config.draft)
-    if target.config.vocab_size != start_draft.config.vocab_size:
-        raise ValueError(
-            f"draft vocab_size {start_draft.config.vocab_size} != target vocab_size {target.config.vocab_size}"
-        )
+    target = resolve_model(config.target)
+    if config.dataset is not None:
+        report_dataset(config.dataset, target.tokenizer, out_dir)
+    start_draft = _start_draft(config, target)
     draft_config: ModelConfig = start_draft.config
-    as_draft = lambda params: Model(  # noqa: E731
-        draft_config, params, tokenizer=start_draft.tokenizer, trained_context=start_draft.trained_context
-    )
-    initial = start_draft.params if config.draft_init == "pretrained" else init_params(draft_config, config.seed)
-    optimizer = make_optimizer(config.optim, config.steps)
+    as_draft = lambda params: dataclasses.replace(start_draft, params=params)  # noqa: E731
+    initial = start_draft.params
+    optimizer = _optimizer(config.optim, config.steps)
     params, opt_state, start, checkpoints, metrics = resume_or_start(
         out_dir, initial, optimizer, config.checkpoint_every
     )
+    if start:  # restored arrays are committed to a device and jit keys on that: uncommitted, as fresh
+        # ones are, a run resumed in this process reuses the generation programs compiled here
+        params, opt_state = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), (params, opt_state))
     # Validation prompts: the test split stays untouched for the final quality report.
-    prompts = held_out_prompts("code", config.eval.prompts, config.eval.prompt_bytes, split="validation")
+    prompts = eval_prompts(config.dataset, target.tokenizer, config.eval.prompts, config.eval.prompt_bytes)
     if start == 0:
         metrics.write({"step": 0, **acceptance(config, target, as_draft(initial), prompts)})
 
@@ -228,6 +322,7 @@ def distill(config: DistillConfig, out_dir: str | Path, progress: bool = True, s
         "acceptance_rate_before": before["acceptance_rate_greedy"],
         "acceptance_rate_after": after["acceptance_rate_greedy"],
         "draft": str(draft_dir),
+        **({"dataset": config.dataset.path} if config.dataset is not None else {}),
         "eval": dataclasses.asdict(config.eval),
     }
     (out_dir / "results.json").write_text(json.dumps(results, indent=2))

@@ -13,7 +13,8 @@ order tokens were first seen in, which depends on how the data is sharded; by id
 same rule made independent of that.
 
 The counts come from the run's own training stream (`training_batch` for every step of the
-run, a pure function of (data, seed, step)), and the selection is written to
+run, a pure function of (data, seed, step); with a user dataset, its batches' target tokens
+only: training/run_data.py), and the selection is written to
 OUT/draft_vocab.json before the first step, so a resumed run reads it back instead of
 counting again, and the file says what the head was trained over.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -69,12 +71,28 @@ class DraftVocab:
         return self.size == self.vocab_size
 
 
-def token_counts(data: DataConfig, seed: int, steps: int, vocab_size: int) -> np.ndarray:
-    """[V] int64: how often each token occurs in the batches of steps 0..steps-1 (every
-    position of a window is read by the head's training passes)."""
+# step -> (tokens int32 [B, L], mask bool [B, L]: mask[:, t] says token t is a target)
+Batches = Callable[[int], tuple[np.ndarray, np.ndarray]]
+
+
+def token_counts(
+    data: DataConfig, seed: int, steps: int, vocab_size: int, batches: Batches | None = None
+) -> np.ndarray:
+    """[V] int64: how often each token occurs in the batches of steps 0..steps-1.
+
+    The corpus (`batches` None): every position of a window, all of which the head's
+    training passes read. A user dataset (`batches`, which `data` and `seed` then do not
+    enter): the tokens the head is scored on, tokens[:, 1:] under mask[:, 1:] (windows
+    overlap by one token, so each target of the stream counts once; prompts and padding,
+    never proposed by the target, not at all)."""
     counts = np.zeros(vocab_size, np.int64)
     for step in range(steps):
-        counts += np.bincount(training_batch(data, seed, step).reshape(-1), minlength=vocab_size)[:vocab_size]
+        if batches is None:
+            ids = training_batch(data, seed, step).reshape(-1)
+        else:
+            tokens, mask = batches(step)
+            ids = tokens[:, 1:][mask[:, 1:]]
+        counts += np.bincount(ids, minlength=vocab_size)[:vocab_size]
     return counts
 
 
@@ -90,10 +108,12 @@ def select(counts: np.ndarray, size: int) -> DraftVocab:
     return DraftVocab(tuple(int(i) for i in used), vocab_size, coverage)
 
 
-def draft_vocab_for_run(out_dir: Path, data: DataConfig, seed: int, steps: int, vocab_size: int, size: int):
+def draft_vocab_for_run(
+    out_dir: Path, data: DataConfig, seed: int, steps: int, vocab_size: int, size: int, batches: Batches | None = None
+):
     """The run's draft vocabulary: read from OUT/draft_vocab.json when a run left one, else
-    counted over the run's training stream and written there (atomically: a kill leaves the
-    old file or none, never half of one)."""
+    counted over the run's training stream (the corpus's, or `batches`: `token_counts`) and
+    written there (atomically: a kill leaves the old file or none, never half of one)."""
     path = Path(out_dir) / FILE
     if path.exists():
         saved = json.loads(path.read_text())
@@ -104,7 +124,7 @@ def draft_vocab_for_run(out_dir: Path, data: DataConfig, seed: int, steps: int, 
                 f"{size} of {vocab_size}: use another --out to start a new run"
             )
         return vocab
-    vocab = select(token_counts(data, seed, steps, vocab_size), size)
+    vocab = select(token_counts(data, seed, steps, vocab_size, batches), size)
     record = {
         "vocab_size": vocab.vocab_size,
         "draft_vocab_size": vocab.size,

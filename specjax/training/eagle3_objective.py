@@ -22,7 +22,10 @@ Targets over the draft vocabulary, as published: the target's logits restricted 
 draft vocabulary's tokens and renormalised there (softmax over logits[..., t2d]), and the
 position dropped from the loss when the target's own top token is outside the draft
 vocabulary (t2d[argmax]); the loss is the cross-entropy to that distribution, summed over
-the kept positions and divided by all B * W (the published `.mean()`). The feature loss
+the kept positions and divided by all B * W (the published `.mean()`). With a loss mask
+(a user dataset's: training/run_data.py predicted_mask), a prediction whose token is not a
+target (a prompt, padding) is dropped too, and the division is by the window's scored
+positions, which is B * W again when every position is one. The feature loss
 (smooth L1 of each step's fed-back output to the target's final-norm feature at its
 position) is specjax's option, off by default: the published code computes none.
 """
@@ -184,11 +187,16 @@ def ttt_loss(
     target_params,
     head_params,
     tokens,
+    mask=None,
 ):
     """The TTT loss on tokens [B, T] -> (total, parts [P, N]): per step the draft-vocabulary
     cross-entropy (what is minimised), the same as a KL (minus the target's entropy: 0 is a
     perfect head), the top-1 agreement with the target (over positions in the window), and
-    with feature_weight > 0 the feature loss (module docstring)."""
+    with feature_weight > 0 the feature loss (module docstring).
+
+    mask [B, T] over predicted positions (mask[:, q] scores the prediction of the token at
+    q + 1, the target's logits[q]), or None: every position, the published loss as it was.
+    Step k at entry e predicts from logits[e + 1 + k], so its weight is mask[:, e + 1 + k]."""
     final = settings.feature_weight > 0
     target_logits, multi, features = _target_states(target_config, target_params, tokens, layers, final)
     params = {**head_params, **({} if vocab.is_identity else {"d2t": jnp.asarray(vocab.d2t)})}
@@ -198,17 +206,22 @@ def ttt_loss(
     b, t = tokens.shape
     width = t - 1
     t2d = jnp.asarray(vocab.t2d)  # [V]
+    # The published denominator B * W; with a mask, the window's scored positions (step 0's),
+    # so a batch with few assistant tokens is not worth less than one with many.
+    scored = b * width if mask is None else jnp.maximum(jnp.sum(_ahead(mask, 0, width)), 1.0)
     total, parts = 0.0, []
     for k in range(settings.ttt_steps):
         teacher_full = _ahead(target_logits, k, width)  # [B, W, V]: the target's guess for token p + k + 1
         valid = jnp.broadcast_to(jnp.arange(width) < width - k, (b, width))  # that token is in the window
+        if mask is not None:
+            valid = valid & (_ahead(mask, k, width) > 0)  # [B, W]: and it is a target
         keep = valid & t2d[jnp.argmax(teacher_full, axis=-1)]  # [B, W]: as published, top-1 in the draft vocab
         teacher = jax.nn.log_softmax(teacher_full[..., ids], axis=-1)  # [B, W, Vd]: restricted, renormalised
         student = jax.nn.log_softmax(logits[k], axis=-1)  # [B, W, Vd]
         ce = -jnp.sum(jnp.exp(teacher) * student, axis=-1)  # [B, W]
         entropy = -jnp.sum(jnp.exp(teacher) * teacher, axis=-1)  # [B, W]: ce's floor, for the KL logged beside it
-        step_loss = jnp.sum(jnp.where(keep, ce, 0.0)) / (b * width)
-        kl = jnp.sum(jnp.where(keep, ce - entropy, 0.0)) / (b * width)
+        step_loss = jnp.sum(jnp.where(keep, ce, 0.0)) / scored
+        kl = jnp.sum(jnp.where(keep, ce - entropy, 0.0)) / scored
         agree = keep & (jnp.argmax(student, axis=-1) == jnp.argmax(teacher, axis=-1))
         row = [step_loss, kl, jnp.sum(agree) / jnp.maximum(jnp.sum(valid), 1)]
         weight = settings.step_decay**k
@@ -225,9 +238,10 @@ def ttt_loss(
 
 @dataclasses.dataclass(frozen=True)
 class TTTLoss:
-    """`ttt_loss` with its settings bound: (target_params, head_params, tokens) -> (loss, parts).
-    Equal settings make equal objects, so the jitted training step, which takes the loss as a
-    static argument, compiles once per process for them (a resume, or tests, in one process)."""
+    """`ttt_loss` with its settings bound: (target_params, head_params, tokens, mask=None) ->
+    (loss, parts). Equal settings make equal objects, so the jitted training step, which takes
+    the loss as a static argument, compiles once per process for them (a resume, or tests, in
+    one process)."""
 
     config: ModelConfig
     target_config: ModelConfig
@@ -236,6 +250,6 @@ class TTTLoss:
     vocab: DraftVocab
     settings: Eagle3Config
 
-    def __call__(self, target_params, head_params, tokens):
+    def __call__(self, target_params, head_params, tokens, mask=None):
         bound = (self.config, self.target_config, self.options, self.layers, self.vocab, self.settings)
-        return ttt_loss(*bound, target_params, head_params, tokens)
+        return ttt_loss(*bound, target_params, head_params, tokens, mask)

@@ -16,6 +16,12 @@ given the true prefix (self-distillation: KL(p_target || q_head)),
 on corpus windows. The target's features and logits are computed on the fly inside the
 jitted step: one frozen forward per batch, no backward through it.
 
+With `dataset` (a user file, tokenized with the target's tokenizer: training/run_data.py)
+the windows are the dataset's, and every loss takes its mask over predicted positions
+(mask[:, q]: the token at q + 1 is a target, e.g. an assistant token), so a head is scored
+only where the target would generate; held-out acceptance is measured on the dataset's
+validation prompts. Without one the losses get no mask and compute what they always did.
+
 The run directory is the same machinery as `train` and `distill`: the resolved config,
 orbax checkpoints (exact resume after a kill), metrics.jsonl with held-out acceptance every
 `eval.every` steps, and the trained head saved with `save_drafter` under OUT/head.
@@ -53,10 +59,12 @@ from specjax.models.heads import (
     teacher_forced,
     unrolled,
 )
-from specjax.training.data import DataConfig, held_out_prompts, training_batch
+from specjax.training.data import DataConfig, training_batch
+from specjax.training.datasets import DatasetConfig
 from specjax.training.draft_vocab import FILE as DRAFT_VOCAB_FILE
 from specjax.training.draft_vocab import draft_vocab_for_run
 from specjax.training.eagle3_objective import Eagle3Config, TTTLoss, eagle3_options, init_eagle3_params
+from specjax.training.run_data import dataset_batches, eval_prompts, predicted_mask, report_dataset
 from specjax.training.run_dirs import open_run, resume_or_start
 from specjax.training.train import OptimConfig, make_optimizer
 
@@ -87,8 +95,8 @@ class EagleHeadConfig:
 @dataclasses.dataclass(frozen=True)
 class HeadEvalConfig:
     every: int = 100
-    prompts: int = 16  # held-out code prompts from the validation split
-    prompt_bytes: int = 64
+    prompts: int = 16  # held-out prompts from the validation split (the corpus's code, or the dataset's)
+    prompt_bytes: int = 64  # corpus prompts; a text dataset's prompts are this many tokens (chats: their own)
     max_new_tokens: int = 48
     num_speculative_tokens: int = 4
 
@@ -100,6 +108,9 @@ class HeadTrainConfig:
     num_heads: int = 4  # Medusa only
     eagle: EagleHeadConfig = dataclasses.field(default_factory=EagleHeadConfig)
     data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(seq_len=128, batch_size=16))
+    # A user dataset to train on instead of the corpus (`--data FILE`); its seq_len and
+    # batch_size then shape the batches, and `data` is not read.
+    dataset: DatasetConfig | None = None
     optim: OptimConfig = dataclasses.field(
         default_factory=lambda: OptimConfig(learning_rate=1e-3, warmup_steps=20, weight_decay=0.0)
     )
@@ -119,10 +130,21 @@ class HeadTrainConfig:
             raise ValueError(f"eagle.eagle3.enabled trains an EAGLE head: set kind=eagle (got kind={self.kind})")
 
 
-def medusa_loss(target_config: ModelConfig, target_params, head_params, tokens):
+def _mean(values, weights):
+    """The mean of values [..] over weights [..] (a loss mask), or the plain mean without one."""
+    if weights is None:
+        return jnp.mean(values)
+    weights = jnp.broadcast_to(weights, values.shape).astype(values.dtype)
+    return jnp.sum(values * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+
+
+def medusa_loss(target_config: ModelConfig, target_params, head_params, tokens, mask=None):
     """Mean over heads and positions of KL(target p at t + k || head k at t): tokens [B, T].
 
     KL is the soft cross-entropy minus the target's entropy, so 0 means a perfect head.
+    mask [B, T] over predicted positions (mask[:, q]: the token at q + 1 is a target), or
+    None for every position; head k at t predicts the token at t + 1 + k, so it weighs
+    mask[:, t + k].
     """
     logits, features = full_forward(target_config, target_params, tokens, features=True)
     logits, features = jax.lax.stop_gradient(logits), jax.lax.stop_gradient(features)
@@ -135,13 +157,17 @@ def medusa_loss(target_config: ModelConfig, target_params, head_params, tokens):
         # Head k at t guesses the token at t + 1 + k, whose target distribution is logits[t + k].
         teacher = jax.nn.log_softmax(logits[:, k:], axis=-1)  # [B, T-k, V]
         student = jax.nn.log_softmax(head_logits[:, : t - k, k - 1], axis=-1)
-        losses.append(jnp.mean(jnp.sum(jnp.exp(teacher) * (teacher - student), axis=-1)))
+        kl = jnp.sum(jnp.exp(teacher) * (teacher - student), axis=-1)  # [B, T-k]
+        losses.append(_mean(kl, None if mask is None else mask[:, k:]))
     return jnp.mean(jnp.stack(losses)), jnp.stack(losses)
 
 
-def eagle_loss(config: ModelConfig, target_config: ModelConfig, target_params, head_params, tokens, weights, layers=()):
+def eagle_loss(
+    config: ModelConfig, target_config: ModelConfig, target_params, head_params, tokens, weights, layers=(), mask=None
+):
     """EAGLE's loss on tokens [B, T]: (total, [feature smooth-L1, token KL]). A multi-layer
-    head (`layers`) averages both over its two unrolled passes ([2, B, T, ..] broadcasts)."""
+    head (`layers`) averages both over its two unrolled passes ([2, B, T, ..] broadcasts).
+    mask [B, T] over predicted positions, or None (`eagle_objective`)."""
     if layers:
         logits, features, head_logits, predicted = unrolled(
             config, head_params, target_config, target_params, tokens, layers
@@ -150,21 +176,29 @@ def eagle_loss(config: ModelConfig, target_config: ModelConfig, target_params, h
         logits, features, head_logits, predicted = teacher_forced(
             config, head_params, target_config, target_params, tokens
         )
-    return eagle_objective(logits, features, head_logits, predicted, weights)
+    return eagle_objective(logits, features, head_logits, predicted, weights, mask)
 
 
-def eagle_objective(logits, features, head_logits, predicted, weights):
+def eagle_objective(logits, features, head_logits, predicted, weights, mask=None):
     """The loss from the target's logits [B, T, V] and final-norm features [B, T, D] and the
-    head's ([B, T, ..] or [2, B, T, ..] unrolled) -> (total, [feature smooth-L1, token KL])."""
-    feature_loss = jnp.mean(optax.huber_loss(predicted, features, delta=1.0))
+    head's ([B, T, ..] or [2, B, T, ..] unrolled) -> (total, [feature smooth-L1, token KL]).
+
+    The head at p predicts f_p and, from it, the token at p + 1 (the target's logits[p]), so
+    both terms at p weigh mask[:, p] (mask [B, T] over predicted positions); None: every one."""
+    huber = optax.huber_loss(predicted, features, delta=1.0)
+    feature_loss = jnp.mean(huber) if mask is None else _mean(jnp.mean(huber, axis=-1), mask)
     teacher = jax.nn.log_softmax(logits, axis=-1)
-    token_kl = jnp.mean(jnp.sum(jnp.exp(teacher) * (teacher - jax.nn.log_softmax(head_logits, axis=-1)), axis=-1))
+    token_kl = _mean(jnp.sum(jnp.exp(teacher) * (teacher - jax.nn.log_softmax(head_logits, axis=-1)), axis=-1), mask)
     feature_weight, token_weight = weights
     return feature_weight * feature_loss + token_weight * token_kl, jnp.stack([feature_loss, token_kl])
 
 
-def _step(loss_fn, optimizer, target_params, params, opt_state, tokens):
-    (loss, parts), grads = jax.value_and_grad(lambda p: loss_fn(target_params, p, tokens), has_aux=True)(params)
+def _step(loss_fn, optimizer, target_params, params, opt_state, tokens, mask=None):
+    # No mask (the corpus): the loss is called as it always was, and computes the same.
+    masked = {} if mask is None else {"mask": mask}
+    (loss, parts), grads = jax.value_and_grad(lambda p: loss_fn(target_params, p, tokens, **masked), has_aux=True)(
+        params
+    )
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss, parts
 
@@ -175,7 +209,7 @@ class _Kind:
 
     initial: dict
     as_head: Any  # params -> Drafter
-    loss: Any  # (target_params, head_params, tokens) -> (loss, parts); hashable (a jit static)
+    loss: Any  # (target_params, head_params, tokens, mask=None) -> (loss, parts); hashable (a jit static)
     part_names: tuple[str, ...]
 
 
@@ -211,7 +245,8 @@ def _eagle3_kind(config: HeadTrainConfig, target: Model, out_dir: Path) -> _Kind
     num = target_config.num_hidden_layers
     layers = feature_layers(e.feature_layers, num) if e.feature_layers else eagle3_layers({}, num)
     v = target_config.vocab_size
-    vocab = draft_vocab_for_run(out_dir, config.data, config.seed, config.steps, v, s.draft_vocab_size or v)
+    batches = None if config.dataset is None else dataset_batches(config.dataset, target.tokenizer, config.seed)
+    vocab = draft_vocab_for_run(out_dir, config.data, config.seed, config.steps, v, s.draft_vocab_size or v, batches)
     options = eagle3_options(vocab.size)
     mapping = {} if vocab.is_identity else {"d2t": jnp.asarray(vocab.d2t)}  # not trained: added to the drafter's
     names = (
@@ -226,6 +261,20 @@ def _eagle3_kind(config: HeadTrainConfig, target: Model, out_dir: Path) -> _Kind
         loss=TTTLoss(layer, target_config, options, layers, vocab, s),
         part_names=names,
     )
+
+
+def _batches(config: HeadTrainConfig, target: Model):
+    """step -> (tokens int32 [B, L], mask float32 [B, L] over predicted positions, or None for
+    the corpus, whose every position is scored)."""
+    if config.dataset is None:
+        return lambda step: (training_batch(config.data, config.seed, step), None)
+    batches = dataset_batches(config.dataset, target.tokenizer, config.seed)
+
+    def batch(step):
+        tokens, mask = batches(step)  # mask aligned with the tokens
+        return tokens, predicted_mask(mask)
+
+    return batch
 
 
 def _parts(names: tuple[str, ...], parts) -> dict:
@@ -252,6 +301,8 @@ def train_head(config: HeadTrainConfig, out_dir: str | Path, progress: bool = Tr
 
     out_dir = open_run(out_dir, config, "head_config.yaml")
     target = resolve_model(config.target)
+    if config.dataset is not None:
+        report_dataset(config.dataset, target.tokenizer, out_dir)
     kind = _kind(config, target, out_dir)
     as_head, initial = kind.as_head, kind.initial
     optimizer = _optimizer(config.optim, config.steps)
@@ -261,17 +312,20 @@ def train_head(config: HeadTrainConfig, out_dir: str | Path, progress: bool = Tr
     if start:  # restored arrays are committed to a device, fresh ones are not, and jit keys on that:
         # uncommitted, a run resumed in this process reuses the programs compiled here (a head is small)
         params, opt_state = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), (params, opt_state))
-    prompts = held_out_prompts("code", config.eval.prompts, config.eval.prompt_bytes, split="validation")
+    prompts = eval_prompts(config.dataset, target.tokenizer, config.eval.prompts, config.eval.prompt_bytes)
     if start == 0:
         metrics.write({"step": 0, **head_acceptance(config, target, as_head(initial), prompts)})
 
     step_fn = jax.jit(_step, static_argnums=(0, 1), donate_argnums=(3, 4))
     end = config.steps if stop_after is None else min(config.steps, start + stop_after)
     clock = time.perf_counter()
+    batches = _batches(config, target)
     bar = tqdm(range(start, end), initial=start, total=config.steps, disable=not progress, desc="train-head")
     for step in bar:
-        tokens = jnp.asarray(training_batch(config.data, config.seed, step))
-        params, opt_state, loss, parts = step_fn(kind.loss, optimizer, target.params, params, opt_state, tokens)
+        tokens, mask = batches(step)
+        params, opt_state, loss, parts = step_fn(
+            kind.loss, optimizer, target.params, params, opt_state, jnp.asarray(tokens), mask
+        )
         done = step + 1
         if done % config.log_every == 0 or done % config.eval.every == 0 or done == config.steps:
             row = {
@@ -300,6 +354,7 @@ def train_head(config: HeadTrainConfig, out_dir: str | Path, progress: bool = Tr
         "mean_acceptance_length_before": rows[0]["mean_acceptance_length_greedy"],
         "mean_acceptance_length_after": final["mean_acceptance_length_greedy"],
         "head": str(head_dir),
+        **({"dataset": config.dataset.path} if config.dataset is not None else {}),
         **({"draft_vocab": _vocab_summary(out_dir)} if config.eagle.eagle3.enabled else {}),
         "eval": dataclasses.asdict(config.eval),
     }
