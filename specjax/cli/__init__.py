@@ -2,7 +2,7 @@
 
     generate.py  `specjax generate`: prompts in, text and acceptance statistics out
     config_commands.py  the config-driven commands: train, distill, train-head, bench
-    regenerate.py  `specjax regenerate`: a dataset's answers written anew by the target
+    regenerate_command.py  `specjax regenerate`: a dataset's answers written anew by the target
     models.py    `specjax save-model`: any loadable model written as an HF directory;
                  `specjax save-head`: a draft head in a published layout (vLLM, SGLang)
     errors.py    what a user sees when something is wrong: one line, exit status 2
@@ -18,7 +18,7 @@ from specjax.cli.config_commands import add_bench, add_distill, add_train, add_t
 from specjax.cli.errors import add_debug_argument, run_command
 from specjax.cli.generate import add_generate
 from specjax.cli.models import add_save_head, add_save_model
-from specjax.cli.regenerate import add_regenerate
+from specjax.cli.regenerate_command import add_regenerate
 
 _DESCRIPTION = """\
 specjax: speculative decoding you can measure.
