@@ -54,55 +54,62 @@ def _picked(key: str, salt: str) -> int:
     return int(hashlib.sha256(f"{salt}:{key}".encode()).hexdigest()[:8], 16)
 
 
-def build(per_category: int) -> list[dict]:
+def stdlib_functions(modules=MODULES) -> list[tuple]:
+    """(module, name, signature, docstring, source) of `modules`' public documented functions."""
     lib = Path(sysconfig.get_paths()["stdlib"])
     functions = []
-    for name in MODULES:
+    for name in modules:
         path = lib / f"{name}.py"
         if path.is_file():
             functions += list(_functions(path, lib))
-    records = []
+    return functions
 
-    def take(category: str, usable, make) -> None:
-        chosen = sorted(usable, key=lambda f: _picked(f"{f[0]}.{f[1]}", category))[:per_category]
-        if len(chosen) < per_category:
-            raise SystemExit(f"only {len(chosen)} functions fit {category!r}")
-        records.extend({"category": category, "prompt": make(f)} for f in chosen)
 
-    def short_source(f):
-        return 200 <= len(f[4]) <= 900
+def _short_source(f) -> bool:
+    return 200 <= len(f[4]) <= 900
 
-    take(
-        "summarize",
-        [f for f in functions if 300 <= len(f[3]) <= 1200],
+
+# category -> (does a function fit it, its prompt); the order is the files' and the picks' salt.
+TASKS = {
+    "summarize": (
+        lambda f: 300 <= len(f[3]) <= 1200,
         lambda f: f"Summarize in two sentences what this documentation of `{f[1]}` says:\n\n{f[3]}",
-    )
-    take(
-        "explain",
-        [f for f in functions if short_source(f)],
+    ),
+    "explain": (
+        _short_source,
         lambda f: f"Explain what this Python function does:\n\n```python\n{f[4]}\n```",
-    )
-    take(
-        "rewrite",
-        [f for f in functions if short_source(f)],
+    ),
+    "rewrite": (
+        _short_source,
         lambda f: (
             f"Rewrite this Python function so it is shorter and clearer, with the same behaviour:\n\n"
             f"```python\n{f[4]}\n```"
         ),
-    )
-    take(
-        "qa",
-        [f for f in functions if 200 <= len(f[3]) <= 900 and ("return" in f[3].lower())],
+    ),
+    "qa": (
+        lambda f: 200 <= len(f[3]) <= 900 and ("return" in f[3].lower()),
         lambda f: (
             f"Read the passage and answer the question.\n\nPassage (documentation of `{f[1]}` in "
             f"`{f[0]}`):\n{f[3]}\n\nQuestion: what does `{f[1]}` return?"
         ),
-    )
-    take(
-        "code",
-        [f for f in functions if 20 <= len(f[3].splitlines()[0]) <= 120],
+    ),
+    "code": (
+        lambda f: 20 <= len(f[3].splitlines()[0]) <= 120,
         lambda f: f"Write a Python function `{f[1]}({f[2]})` that does this: {f[3].splitlines()[0]}",
-    )
+    ),
+}
+
+
+def build(per_category: int) -> list[dict]:
+    """The first `per_category` functions of each category, ordered by a hash of the
+    function's name salted with the category."""
+    functions = stdlib_functions()
+    records = []
+    for category, (fits, make) in TASKS.items():
+        chosen = sorted((f for f in functions if fits(f)), key=lambda f: _picked(f"{f[0]}.{f[1]}", category))
+        if len(chosen) < per_category:
+            raise SystemExit(f"only {len(chosen)} functions fit {category!r}")
+        records.extend({"category": category, "prompt": make(f)} for f in chosen[:per_category])
     return records
 
 
