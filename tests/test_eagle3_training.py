@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import TARGET_CONFIG
 from specjax.models import full_forward, init_cache, init_params
-from specjax.models.heads import HeadOptions, eagle_forward, head_config
+from specjax.models.heads import HeadOptions, eagle_forward, head_config, target_logits
 
 import specjax
 from specjax.configs import load_config
@@ -98,6 +98,26 @@ def test_draft_vocabulary_is_the_top_k_tokens_as_a_valid_mapping():
             select(counts, size)
     with pytest.raises(ValueError, match="ascending"):
         DraftVocab((3, 2), 259)
+
+
+def test_lm_head_init_target_starts_from_the_targets_lm_head_over_the_draft_vocabulary(target):
+    """lm_head_init "target": the head's LM head is the target's restricted to
+    the draft vocabulary, and its final norm the target's, so the head's logits of a state are
+    the target's logits of that state at the draft tokens."""
+    layer, vocab = head_config(BYTES3, 2, 1, 32), select(np.arange(259)[::-1].copy(), 40)
+    fresh = init_eagle3_params(layer, len(LAYERS), vocab, seed=0)
+    ids = np.asarray(vocab.tokens)
+    state = np.random.default_rng(1).standard_normal((3, BYTES3.hidden_size)).astype(np.float32)
+    for config in (BYTES3, BYTES3.replace(tie_word_embeddings=True)):  # its own LM head, or the embedding
+        started = init_eagle3_params(layer, len(LAYERS), vocab, seed=0, target=(config, target.params))
+        expected = np.asarray(target_logits(config, target.params, state))[:, ids]
+        np.testing.assert_allclose(state @ np.asarray(started["lm_head"]), expected, rtol=1e-5)
+    assert not np.allclose(fresh["lm_head"], started["lm_head"])
+    jax.tree.map(np.testing.assert_array_equal, started["final_norm"], target.params["final_norm"])
+    for name in ("fc", "layers", "hidden_norm"):  # the rest as published
+        jax.tree.map(np.testing.assert_array_equal, fresh[name], started[name])
+    with pytest.raises(ValueError, match="lm_head_init"):
+        Eagle3Config(enabled=True, lm_head_init="zeros")
 
 
 def test_ttt_steps_are_the_decoding_chain_and_one_step_is_the_one_step_loss(target, network):

@@ -56,6 +56,11 @@ class Eagle3Config:
     step_decay: float = 0.8  # step k's loss weighs step_decay**k (published: 0.8**k)
     feature_weight: float = 0.0  # the feature loss's weight; 0 as published (no feature loss)
     detach_feedback: bool = False  # stop the gradient through fed-back outputs; False as published
+    # "random": lm_head and final_norm drawn fresh, as published. "target": the target's LM head
+    # rows of the draft vocabulary and its final norm, so the head starts out reading its own
+    # output as the target reads its last state (EAGLE-1's frozen LM head, here trainable): a
+    # head trained for hundreds of steps on a CPU, not for epochs, starts much closer.
+    lm_head_init: str = "random"
 
     def __post_init__(self):
         if self.draft_vocab_size < 0:
@@ -64,6 +69,8 @@ class Eagle3Config:
             )
         if self.ttt_steps < 1:
             raise ValueError(f"eagle3.ttt_steps must be >= 1, got {self.ttt_steps}")
+        if self.lm_head_init not in ("random", "target"):
+            raise ValueError(f"eagle3.lm_head_init must be 'random' or 'target', got {self.lm_head_init!r}")
         if self.step_decay <= 0 or self.feature_weight < 0:
             raise ValueError(
                 f"eagle3.step_decay must be > 0 and feature_weight >= 0, got {self.step_decay}, {self.feature_weight}"
@@ -76,11 +83,16 @@ def eagle3_options(draft_vocab_size: int) -> HeadOptions:
     return HeadOptions(eagle3=True, feed_normed=False, hide_first=True, draft_vocab_size=draft_vocab_size)
 
 
-def init_eagle3_params(config: ModelConfig, num_layers: int, vocab: DraftVocab, seed: int = 0) -> dict:
+def init_eagle3_params(
+    config: ModelConfig, num_layers: int, vocab: DraftVocab, seed: int = 0, target: tuple | None = None
+) -> dict:
     """fc [n * D, D], one layer with q/k/v [2D, heads, d_head], hidden_norm, final_norm and
     lm_head [D, Vd] (trainable: d2t is added by the drafter, never trained). Norms start at
     ones and fc / lm_head uniform in +-1/sqrt(fan_in), as torch's nn.Linear, which the
     published code keeps; the layer's kernels at std 0.02, as every specjax layer.
+    target: (target ModelConfig, target params) to start lm_head and final_norm from the
+    target's (Eagle3Config.lm_head_init "target"): lm_head [D, Vd] = its LM head's columns
+    of the draft vocabulary's tokens.
 
     Drawn with numpy from the layer's abstract shapes: eager jax.random would compile one
     small program per shape (seconds, for a head that trains for minutes or a test)."""
@@ -111,6 +123,15 @@ def init_eagle3_params(config: ModelConfig, num_layers: int, vocab: DraftVocab, 
         "final_norm": jax.tree.map(lambda leaf: np.ones(leaf.shape, dtype), shapes["final_norm"]),
         "lm_head": linear(d, vocab.size),  # [D, Vd]
     }
+    if target is not None:
+        target_config, target_params = target
+        ids = np.asarray(vocab.tokens)
+        if target_config.tie_word_embeddings:
+            lm_head = np.asarray(target_params["embed"])[ids].T  # embed [V, D] -> [D, Vd]
+        else:
+            lm_head = np.asarray(target_params["lm_head"])[:, ids]  # [D, V] -> [D, Vd]
+        params["lm_head"] = lm_head.astype(dtype)
+        params["final_norm"] = jax.tree.map(lambda x: np.asarray(x).astype(dtype), target_params["final_norm"])
     return jax.tree.map(jnp.asarray, params)
 
 
