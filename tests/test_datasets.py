@@ -201,6 +201,20 @@ def test_bad_records_are_reported_by_line(tokenizer, tmp_path):
     assert short.bad["invalid_json"] == 2 and short.bad_lines["invalid_json"] == (2,)
 
 
+def test_openai_list_of_parts_content_is_read_as_its_joined_text(tokenizer, tmp_path):
+    def parts(message, cut):
+        text = message["content"]
+        return {**message, "content": [{"type": "text", "text": text[:cut]}, {"type": "text", "text": text[cut:]}]}
+
+    as_parts = [parts(m, 3) for m in CHAT]
+    image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x.png"}}]}
+    rows = [{"messages": CHAT}, {"messages": as_parts}, {"messages": [image, *CHAT[1:]]}]
+    loaded = datasets.load_dataset(DatasetConfig(path=write_jsonl(tmp_path / "p.jsonl", rows), seq_len=16), tokenizer)
+    assert [r.line for r in loaded.records] == [1, 2] and loaded.report.bad_lines == {"invalid_message": (3,)}
+    plain, joined = loaded.records
+    assert joined.ids.tolist() == plain.ids.tolist() and joined.mask.tolist() == plain.mask.tolist()
+
+
 def test_a_template_that_rewrites_earlier_turns_is_reported(tmp_path):
     """Like Qwen3's, which renders an empty <think></think> into the last assistant turn only:
     the chat through the first answer is then no prefix of the whole chat."""

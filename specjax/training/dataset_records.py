@@ -5,7 +5,8 @@ Formats, detected per file from its first JSON object (or set by `DatasetConfig.
   prompt_response  JSONL {"prompt": ..., "response": ..., "system": ... (optional)}: a user
                    turn and the assistant's reply.
   messages         JSONL {"messages": [{"role": "system" | "user" | "assistant", "content": ...}]}
-                   (OpenAI style).
+                   (OpenAI style; content a string, or a list of {"type": "text", "text"} parts,
+                   joined; a part of another type, an image, makes the record invalid_message).
   conversations    JSONL {"conversations": [{"from": "system" | "human" | "gpt", "value": ...}]}
                    (ShareGPT; "user" and "assistant" are accepted for "human" and "gpt").
   plain            a text file (.txt, .md, .text; or a file not named .jsonl, .ndjson or .json
@@ -113,12 +114,22 @@ def _messages(obj: dict, fmt: str, answers_optional: bool = False) -> list[dict]
         raise BadRecord("missing_field", f"no non-empty list {fmt!r}")
     messages = []
     for turn in turns:
+        if fmt == "messages" and isinstance(turn, dict) and isinstance(turn.get(content_key), list):
+            turn = {**turn, content_key: _text_parts(turn[content_key])}
         if not isinstance(turn, dict) or role_key not in turn or not isinstance(turn.get(content_key), str):
             raise BadRecord("invalid_message", json.dumps(turn, ensure_ascii=False)[:80])
         if turn[role_key] not in _ROLES[fmt]:
             raise BadRecord("unknown_role", f"{role_key} {turn[role_key]!r}")
         messages.append({"role": _ROLES[fmt][turn[role_key]], "content": turn[content_key]})
     return messages
+
+
+def _text_parts(parts: list) -> str | None:
+    """OpenAI's list-of-parts content, [{"type": "text", "text": ...}, ...], as one string (the
+    parts joined as the API joins them); None (an invalid message) when a part is not text."""
+    if all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in parts):
+        return "".join(p["text"] for p in parts)
+    return None
 
 
 def _record(number: int, obj, fmt: str, answers_optional: bool = False) -> Record:
