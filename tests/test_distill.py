@@ -9,11 +9,13 @@ import jax
 import numpy as np
 import pytest
 from conftest import TARGET_CONFIG, kill_after_checkpoint, noisy_copy, scaled_model
+from specjax.models import full_forward
 
 import specjax
 from specjax.configs import dump_config, load_config
+from specjax.drafters.layer_skip import early_exit
 from specjax.io.tokenizer import ByteTokenizer
-from specjax.training.distill import DistillConfig, distill, distillation_batch
+from specjax.training.distill import DistillConfig, _start_draft, distill, distillation_batch
 
 # The test target's shape with the byte vocabulary, so text prompts from the corpus work.
 BYTES = TARGET_CONFIG.replace(vocab_size=259, num_attention_heads=2, num_key_value_heads=1)
@@ -118,6 +120,27 @@ def test_config_errors(pair_dirs):
         _config(pair_dirs, "objective=kl")
     with pytest.raises(ValueError, match="data fractions must be >= 0"):
         _config(pair_dirs, "data.corpus=0.0")
+
+
+def test_draft_init_target_layers_is_the_targets_first_layers_copied(pair_dirs):
+    """draft_init target_layers: the draft computes what layer skip's first N layers do (the
+    same logits), on copies of the target's arrays (the step donates the draft's buffers)."""
+    config = _config(pair_dirs, "draft_init=target_layers", "draft_config.num_hidden_layers=1")
+    target = specjax.load_model(pair_dirs[0])
+    draft = _start_draft(config, target)
+    assert draft.config.num_hidden_layers == 1 and draft.tokenizer is target.tokenizer
+    tokens = np.random.default_rng(0).integers(0, 259, (2, 12)).astype(np.int32)
+    skip_config, skip_params = early_exit(target.config, target.params, 1)
+    np.testing.assert_array_equal(
+        full_forward(draft.config, draft.params, tokens), full_forward(skip_config, skip_params, tokens)
+    )
+    assert draft.params["embed"] is not target.params["embed"]
+    for bad, match in (
+        ("draft_config.hidden_size=64", "only draft_config.num_hidden_layers"),
+        ("draft_config.num_hidden_layers=9", "must be < the target's"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            _start_draft(_config(pair_dirs, "draft_init=target_layers", bad), target)
 
 
 def test_comparison_writes_table_and_plot(pair_dirs, tmp_path):

@@ -52,6 +52,21 @@ def _target_and_data(args) -> list[str]:
     return overrides + ([f"dataset.path={json.dumps(args.data)}"] if args.data else [])
 
 
+def _add_mesh(p) -> None:
+    """--mesh of the trainers whose target forward runs inside the training step."""
+    p.add_argument(
+        "--mesh",
+        metavar="data=D,model=M",
+        help="train over a device mesh: the target tensor parallel over 'model', each batch's rows split over "
+        "'data', which must divide the batch size (as --set mesh=; docs/training.md)",
+    )
+
+
+def _mesh(args, key: str = "mesh") -> list[str]:
+    """--mesh as an override of `key`, before --set's."""
+    return [f"{key}={json.dumps(args.mesh)}"] if args.mesh else []
+
+
 def _draft_for_target(args) -> list[str]:
     """A target other than the embedded pair's has no pretrained draft with its vocabulary: with
     --target, unless the config or --set names one (draft, draft_init), distill starts a fresh
@@ -112,6 +127,7 @@ def add_distill(subparsers):
         config_required=False,
     )
     _add_target_and_data(p)
+    _add_mesh(p)
     p.set_defaults(func=_distill)
     return p
 
@@ -121,11 +137,11 @@ def _distill(args) -> int:
     from specjax.training.distill import DistillConfig, distill
     from specjax.training.distill_compare import CompareConfig, compare, is_comparison
 
-    overrides = [*_target_and_data(args), *_draft_for_target(args), *args.set]
+    overrides = [*_target_and_data(args), *_mesh(args), *_draft_for_target(args), *args.set]
     if args.config and is_comparison(args.config):
         if args.target or args.data:
             raise ValueError("--target and --data apply to one run, not a comparison: set them in its base:")
-        config = load_config(CompareConfig, args.config, args.set)
+        config = load_config(CompareConfig, args.config, [*_mesh(args, "base.mesh"), *args.set])
         rows = compare(config, args.out, progress=_quiet(args))
         for row in rows:
             print(
@@ -163,6 +179,7 @@ def add_train_head(subparsers):
         config_required=False,
     )
     _add_target_and_data(p)
+    _add_mesh(p)
     p.set_defaults(func=_train_head)
     return p
 
@@ -171,7 +188,7 @@ def _train_head(args) -> int:
     from specjax.configs import load_config
     from specjax.training.train_heads import HeadTrainConfig, train_head
 
-    config = load_config(HeadTrainConfig, args.config, [*_target_and_data(args), *args.set])
+    config = load_config(HeadTrainConfig, args.config, [*_target_and_data(args), *_mesh(args), *args.set])
     results = train_head(config, args.out, progress=_quiet(args))
     print(json.dumps(results, indent=2))
     return 0

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from specjax.api import generate
 from specjax.config import GenerationConfig, SpeculativeConfig
+from specjax.drafters.layer_skip import early_exit
 from specjax.io.model import Model
 from specjax.models import ModelConfig, full_forward, init_params
 from specjax.training.data import DataConfig, training_batch
@@ -39,10 +40,11 @@ from specjax.training.datasets import DatasetConfig, dataset_batch
 from specjax.training.divergences import DIVERGENCES, get_divergence
 from specjax.training.run_data import eval_prompts, report_dataset
 from specjax.training.run_dirs import open_run, resume_or_start
+from specjax.training.sharded_steps import MeshSteps, check_mesh
 from specjax.training.train import OptimConfig, make_optimizer
 
 OBJECTIVES = (*DIVERGENCES, "next_token")
-DRAFT_INITS = ("pretrained", "random", "config")
+DRAFT_INITS = ("pretrained", "random", "config", "target_layers")
 # One optimizer object per (settings, steps): the jitted step takes it as a static argument, so
 # a run resumed in the same process (or an equal one) reuses the compiled step.
 _optimizer = functools.lru_cache(maxsize=8)(make_optimizer)
@@ -120,8 +122,10 @@ class DraftShapeConfig:
 class DistillConfig:
     target: str = "stdlib-target"  # anything load_model reads (embedded name, HF directory, GGUF file); frozen
     draft: str = "stdlib-draft-pretrained"  # starting draft: embedded name or HF directory (not with draft_init config)
-    # "pretrained" (the draft's weights), "random" (its architecture only), or "config": a
-    # fresh draft of the target's architecture and tokenizer sized by draft_config
+    # "pretrained" (the draft's weights), "random" (its architecture only), "config": a fresh
+    # draft of the target's architecture and tokenizer sized by draft_config, or
+    # "target_layers": the target's own first draft_config.num_hidden_layers layers with its
+    # embedding, final norm and LM head (layer skip's network, copied, then trained)
     draft_init: str = "pretrained"
     draft_config: DraftShapeConfig = dataclasses.field(default_factory=DraftShapeConfig)
     # A user dataset to train on instead of the corpus (`--data FILE`, training/run_data.py)
@@ -136,6 +140,10 @@ class DistillConfig:
     seed: int = 0
     checkpoint_every: int = 50
     log_every: int = 10
+    # Train over a device mesh, "data=8" or "data=2,model=4" (specjax.make_mesh): the target,
+    # and the draft when its heads split, tensor parallel over "model"; each batch's rows split
+    # over "data" (it must divide the batch size) (training/sharded_steps.py). None: one device.
+    mesh: str | None = None
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -146,7 +154,7 @@ class DistillConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         get_divergence("tv" if self.objective == "next_token" else self.objective, self.temperature, self.beta)
-        self.stream()  # checks prompt_len against a dataset's rows
+        check_mesh(self.mesh, self.stream().batch_size)  # stream(): checks prompt_len against a dataset's rows
 
     def stream(self) -> DistillDataConfig:
         """`data` with the rows batches really have: with a dataset, its windows (seq_len + 1
@@ -240,7 +248,8 @@ def acceptance(config: DistillConfig, target: Model, draft: Model, prompts: list
 
 def _start_draft(config: DistillConfig, target: Model) -> Model:
     """The draft training starts from: `draft` (its weights, or its architecture freshly
-    drawn), or with draft_init "config" one of the target's architecture and tokenizer."""
+    drawn), with draft_init "config" one of the target's architecture and tokenizer, or with
+    "target_layers" a copy of the target's first layers."""
     from specjax.io.presets import resolve_model
 
     if config.draft_init == "config":
@@ -248,6 +257,19 @@ def _start_draft(config: DistillConfig, target: Model) -> Model:
         # trained_context: the rows it learns from, so generation warns past them.
         trained = config.stream().seq_len
         return Model(draft_config, init_params(draft_config, config.seed), target.tokenizer, trained)
+    if config.draft_init == "target_layers":
+        shape, n = config.draft_config, config.draft_config.num_hidden_layers
+        if any(v for k, v in dataclasses.asdict(shape).items() if k != "num_hidden_layers"):
+            raise ValueError(
+                f"draft_init target_layers keeps the target's sizes: set only draft_config.num_hidden_layers ({shape})"
+            )
+        if not n < target.config.num_hidden_layers:
+            raise ValueError(
+                f"draft_config.num_hidden_layers {n} must be < the target's {target.config.num_hidden_layers}"
+            )
+        _, params = early_exit(target.config, target.params, n)
+        params = jax.tree.map(jnp.array, params)  # copies: the step donates the draft's buffers, never the target's
+        return Model(shape.model_config(target.config), params, target.tokenizer, target.trained_context)
     start = resolve_model(config.draft)
     if target.config.vocab_size != start.config.vocab_size:
         raise ValueError(
@@ -269,34 +291,35 @@ def distill(config: DistillConfig, out_dir: str | Path, progress: bool = True, s
     from specjax.io.presets import resolve_model
 
     out_dir = open_run(out_dir, config, "distill_config.yaml")
+    mesh = MeshSteps(config.mesh, config.stream().batch_size)  # first: a mesh of devices that do not exist fails now
     target = resolve_model(config.target)
     if config.dataset is not None:
         report_dataset(config.dataset, target.tokenizer, out_dir)
-    start_draft = _start_draft(config, target)
+    start_draft = _start_draft(config, target)  # from the target as loaded (its kv heads, not the mesh's)
     draft_config: ModelConfig = start_draft.config
     as_draft = lambda params: dataclasses.replace(start_draft, params=params)  # noqa: E731
     initial = start_draft.params
+    target = mesh.target(target)  # on the mesh (unchanged without one): steps, batches and evaluation run on it
     optimizer = _optimizer(config.optim, config.steps)
     params, opt_state, start, checkpoints, metrics = resume_or_start(
         out_dir, initial, optimizer, config.checkpoint_every
     )
-    if start:  # restored arrays are committed to a device and jit keys on that: uncommitted, as fresh
-        # ones are, a run resumed in this process reuses the generation programs compiled here
-        params, opt_state = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), (params, opt_state))
+    # On a mesh: the draft laid out as the target when it splits (else replicated), its
+    # optimizer state alike. Without one, restored arrays are made uncommitted as fresh ones are
+    # (jit keys on that), so a run resumed in this process reuses the programs compiled here.
+    params, opt_state = mesh.state(params, opt_state, restored=bool(start), layout=mesh.layout(draft_config))
     # Validation prompts: the test split stays untouched for the final quality report.
     prompts = eval_prompts(config.dataset, target.tokenizer, config.eval.prompts, config.eval.prompt_bytes)
     if start == 0:
         metrics.write({"step": 0, **acceptance(config, target, as_draft(initial), prompts)})
 
     static = (config.objective, config.temperature, config.beta, draft_config, target.config)
-    step_fn = jax.jit(_step, static_argnums=(0, 1), donate_argnums=(3, 4))
+    step_fn = mesh.jit(_step, params, opt_state, metrics=1)
     end = config.steps if stop_after is None else min(config.steps, start + stop_after)
     clock = time.perf_counter()
     for step in tqdm(range(start, end), initial=start, total=config.steps, disable=not progress, desc="distill"):
-        tokens, mask = distillation_batch(config, target, as_draft(params), step)
-        params, opt_state, loss = step_fn(
-            static, optimizer, target.params, params, opt_state, jnp.asarray(tokens), jnp.asarray(mask)
-        )
+        tokens, mask = mesh.rows(*distillation_batch(config, target, as_draft(params), step))
+        params, opt_state, loss = step_fn(static, optimizer, target.params, params, opt_state, tokens, mask)
         done = step + 1
         if done % config.log_every == 0 or done % config.eval.every == 0 or done == config.steps:
             row = {"step": done, "loss": float(loss), "seconds": time.perf_counter() - clock}

@@ -7,6 +7,7 @@ at any moment leaves only whole checkpoints behind, and the newest one is the re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -24,7 +25,7 @@ def open_run(out_dir: str | Path, config, config_file: str) -> Path:
     saved = out_dir / config_file
     if saved.exists():
         previous = from_dict(type(config), yaml.safe_load(saved.read_text()))
-        if previous != config:
+        if _computed(previous) != _computed(config):
             raise ValueError(
                 f"{out_dir} holds a run with a different config ({saved}); use another --out to start a new run"
             )
@@ -34,6 +35,11 @@ def open_run(out_dir: str | Path, config, config_file: str) -> Path:
     # The corpus split depends on the interpreter's stdlib: record which one this run saw.
     (out_dir / "corpus.json").write_text(json.dumps(manifest(), indent=2))
     return out_dir
+
+
+def _computed(config):
+    """`config` less where it runs: a run resumes on another mesh (its checkpoint is re-placed)."""
+    return dataclasses.replace(config, mesh=None) if hasattr(config, "mesh") else config
 
 
 class Checkpoints:

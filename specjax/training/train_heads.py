@@ -66,6 +66,7 @@ from specjax.training.draft_vocab import draft_vocab_for_run
 from specjax.training.eagle3_objective import Eagle3Config, TTTLoss, eagle3_options, init_eagle3_params
 from specjax.training.run_data import dataset_batches, eval_prompts, predicted_mask, report_dataset
 from specjax.training.run_dirs import open_run, resume_or_start
+from specjax.training.sharded_steps import MeshSteps, check_mesh
 from specjax.training.train import OptimConfig, make_optimizer
 
 KINDS = ("medusa", "eagle")
@@ -119,6 +120,10 @@ class HeadTrainConfig:
     seed: int = 0
     checkpoint_every: int = 50
     log_every: int = 10
+    # Train over a device mesh, "data=8" or "data=2,model=4" (specjax.make_mesh): the target
+    # tensor parallel over "model", each batch's rows split over "data" (it must divide the
+    # batch size); the head replicated (training/sharded_steps.py). None: one device.
+    mesh: str | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -128,6 +133,12 @@ class HeadTrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.eagle.eagle3.enabled and self.kind != "eagle":
             raise ValueError(f"eagle.eagle3.enabled trains an EAGLE head: set kind=eagle (got kind={self.kind})")
+        check_mesh(self.mesh, self.batch_size)
+
+    @property
+    def batch_size(self) -> int:
+        """Rows per batch: the dataset's with one, else the corpus's."""
+        return self.data.batch_size if self.dataset is None else self.dataset.batch_size
 
 
 def _mean(values, weights):
@@ -248,6 +259,7 @@ def _eagle3_kind(config: HeadTrainConfig, target: Model, out_dir: Path) -> _Kind
     batches = None if config.dataset is None else dataset_batches(config.dataset, target.tokenizer, config.seed)
     vocab = draft_vocab_for_run(out_dir, config.data, config.seed, config.steps, v, s.draft_vocab_size or v, batches)
     options = eagle3_options(vocab.size)
+    start = (target_config, target.params) if s.lm_head_init == "target" else None  # its LM head and final norm
     mapping = {} if vocab.is_identity else {"d2t": jnp.asarray(vocab.d2t)}  # not trained: added to the drafter's
     names = (
         "loss_per_step",
@@ -256,7 +268,7 @@ def _eagle3_kind(config: HeadTrainConfig, target: Model, out_dir: Path) -> _Kind
         *(("feature_loss_per_step",) if s.feature_weight else ()),
     )
     return _Kind(
-        initial=init_eagle3_params(layer, len(layers), vocab, config.seed),
+        initial=init_eagle3_params(layer, len(layers), vocab, config.seed, start),
         as_head=lambda p: Eagle(params={**p, **mapping}, config=layer, feature_layers=layers, options=options),
         loss=TTTLoss(layer, target_config, options, layers, vocab, s),
         part_names=names,
@@ -300,32 +312,32 @@ def train_head(config: HeadTrainConfig, out_dir: str | Path, progress: bool = Tr
     from specjax.io.presets import resolve_model
 
     out_dir = open_run(out_dir, config, "head_config.yaml")
-    target = resolve_model(config.target)
+    mesh = MeshSteps(config.mesh, config.batch_size)  # first: a mesh of devices that do not exist fails now
+    target = resolve_model(config.target)  # as loaded: the saved head fingerprints this one
     if config.dataset is not None:
         report_dataset(config.dataset, target.tokenizer, out_dir)
-    kind = _kind(config, target, out_dir)
+    placed = mesh.target(target)  # on the mesh (`target` without one): steps and evaluation run on it
+    kind = _kind(config, placed, out_dir)
     as_head, initial = kind.as_head, kind.initial
     optimizer = _optimizer(config.optim, config.steps)
     params, opt_state, start, checkpoints, metrics = resume_or_start(
         out_dir, initial, optimizer, config.checkpoint_every
     )
-    if start:  # restored arrays are committed to a device, fresh ones are not, and jit keys on that:
-        # uncommitted, a run resumed in this process reuses the programs compiled here (a head is small)
-        params, opt_state = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), (params, opt_state))
+    # The head replicated on a mesh. Without one, restored arrays are made uncommitted as fresh
+    # ones are (jit keys on that), so a run resumed in this process reuses the programs compiled here.
+    params, opt_state = mesh.state(params, opt_state, restored=bool(start))
     prompts = eval_prompts(config.dataset, target.tokenizer, config.eval.prompts, config.eval.prompt_bytes)
     if start == 0:
-        metrics.write({"step": 0, **head_acceptance(config, target, as_head(initial), prompts)})
+        metrics.write({"step": 0, **head_acceptance(config, placed, as_head(initial), prompts)})
 
-    step_fn = jax.jit(_step, static_argnums=(0, 1), donate_argnums=(3, 4))
+    step_fn = mesh.jit(_step, params, opt_state, metrics=2)
     end = config.steps if stop_after is None else min(config.steps, start + stop_after)
     clock = time.perf_counter()
     batches = _batches(config, target)
     bar = tqdm(range(start, end), initial=start, total=config.steps, disable=not progress, desc="train-head")
     for step in bar:
-        tokens, mask = batches(step)
-        params, opt_state, loss, parts = step_fn(
-            kind.loss, optimizer, target.params, params, opt_state, jnp.asarray(tokens), mask
-        )
+        tokens, mask = mesh.rows(*batches(step))
+        params, opt_state, loss, parts = step_fn(kind.loss, optimizer, placed.params, params, opt_state, tokens, mask)
         done = step + 1
         if done % config.log_every == 0 or done % config.eval.every == 0 or done == config.steps:
             row = {
@@ -335,7 +347,7 @@ def train_head(config: HeadTrainConfig, out_dir: str | Path, progress: bool = Tr
                 "seconds": time.perf_counter() - clock,
             }
             if done % config.eval.every == 0 or done == config.steps:
-                row.update(head_acceptance(config, target, as_head(params), prompts))
+                row.update(head_acceptance(config, placed, as_head(params), prompts))
             metrics.write(row)
             bar.set_postfix(loss=f"{float(loss):.3f}")
         checkpoints.save(done, {"params": params, "opt_state": opt_state}, force=done == end)
