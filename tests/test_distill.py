@@ -6,14 +6,17 @@ import json
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import TARGET_CONFIG, kill_after_checkpoint, noisy_copy, scaled_model
+from safetensors import safe_open
 from specjax.models import full_forward
 
 import specjax
 from specjax.configs import dump_config, load_config
 from specjax.drafters.layer_skip import early_exit
+from specjax.io.shared_weights import save_model_sharing
 from specjax.io.tokenizer import ByteTokenizer
 from specjax.training.distill import DistillConfig, _start_draft, distill, distillation_batch
 
@@ -141,6 +144,46 @@ def test_draft_init_target_layers_is_the_targets_first_layers_copied(pair_dirs):
     ):
         with pytest.raises(ValueError, match=match):
             _start_draft(_config(pair_dirs, "draft_init=target_layers", bad), target)
+
+
+def test_frozen_embedding_draft_ships_without_the_targets_tensors(pair_dirs, tmp_path):
+    """train_embedding false with draft_init target_layers: the embedding and LM head stay the
+    target's, and OUT/draft_shared holds everything else (bfloat16) and borrows them back from
+    the target on load, checked by sha256."""
+    config = _config(
+        pair_dirs,
+        "draft_init=target_layers",
+        "draft_config.num_hidden_layers=1",
+        "train_embedding=false",
+        "steps=2",
+        "eval.every=2",
+        "eval.prompts=2",
+        "eval.max_new_tokens=4",
+    )
+    results = distill(config, tmp_path, progress=False)
+    target, full = specjax.load_model(pair_dirs[0]), specjax.load_model(results["draft"])
+    for name in ("embed", "lm_head"):
+        np.testing.assert_array_equal(full.params[name], target.params[name])
+    assert not np.array_equal(full.params["layers"][0]["mlp"]["up_proj"], target.params["layers"][0]["mlp"]["up_proj"])
+    shared_dir = tmp_path / "draft_shared"
+    with safe_open(str(shared_dir / "model.safetensors"), "numpy") as f:
+        assert not {"model.embed_tokens.weight", "lm_head.weight"} & set(f.keys())
+    shared = specjax.load_model(shared_dir)
+    assert shared.config == full.config
+    pairs = zip(jax.tree_util.tree_leaves_with_path(shared.params), jax.tree.leaves(full.params), strict=True)
+    for (path, a), b in pairs:
+        expected = np.asarray(jnp.asarray(b, jnp.bfloat16).astype(jnp.float32))  # layers were written in bf16
+        exact = "embed" in str(path) or "lm_head" in str(path)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b) if exact else expected)
+    # Another model under the borrowed name is refused, not silently used.
+    config_file = shared_dir / "config.json"
+    saved = json.loads(config_file.read_text())
+    saved["specjax_weights_from"]["sha256"] = "0" * 64
+    config_file.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="other values"):
+        specjax.load_model(shared_dir)
+    with pytest.raises(ValueError, match="differs from"):  # a trained embedding cannot be borrowed
+        save_model_sharing(specjax.load_model(pair_dirs[1]), tmp_path / "x", "t", target)
 
 
 def test_comparison_writes_table_and_plot(pair_dirs, tmp_path):

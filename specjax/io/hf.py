@@ -16,6 +16,7 @@ from specjax.io.embedded import embedded_names, embedded_path
 from specjax.io.hf_config import config_from_hf, config_to_hf
 from specjax.io.hf_weights import SINGLE_FILE, read_params, write_params
 from specjax.io.model import Model
+from specjax.io.shared_weights import SHARED_KEY, read_params_sharing
 from specjax.io.tokenizer import ByteTokenizer, load_tokenizer, save_byte_tokenizer
 
 TRAINED_CONTEXT_KEY = "specjax_trained_context"  # config.json: tokens per training window (Model.trained_context)
@@ -43,7 +44,11 @@ def load_model(path_or_name: str | Path, dtype: str = "float32", mesh=None) -> M
         raise ValueError(f"{config_path} is not valid JSON: {e}") from e
     config = config_from_hf(hf, dtype=dtype, source=str(config_path))
     trained_context = hf.get(TRAINED_CONTEXT_KEY)
-    if mesh is not None:
+    if SHARED_KEY in hf:  # tensors borrowed from another model (io/shared_weights.py)
+        if mesh is not None:
+            raise ValueError(f"{directory} borrows tensors from another model: load it, then shard_model it")
+        params = read_params_sharing(directory, config, hf[SHARED_KEY])
+    elif mesh is not None:
         from specjax.io.sharded_loading import read_sharded_params
 
         config, params = read_sharded_params(directory, config, mesh)

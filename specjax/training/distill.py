@@ -48,6 +48,19 @@ DRAFT_INITS = ("pretrained", "random", "config", "target_layers")
 # One optimizer object per (settings, steps): the jitted step takes it as a static argument, so
 # a run resumed in the same process (or an equal one) reuses the compiled step.
 _optimizer = functools.lru_cache(maxsize=8)(make_optimizer)
+FROZEN_WITHOUT_EMBEDDING = ("embed", "lm_head")  # the params train_embedding: false leaves as they start
+
+
+@functools.lru_cache(maxsize=8)
+def _optimizer_without_embedding(optim: OptimConfig, steps: int) -> optax.GradientTransformation:
+    """`make_optimizer`, with the embedding and LM head frozen (updates of zero, no moments):
+    one object per (settings, steps), as the jitted step takes it as a static argument."""
+
+    def labels(params):
+        label = {k: "frozen" if k in FROZEN_WITHOUT_EMBEDDING else "train" for k in params}
+        return {k: jax.tree.map(lambda _, name=label[k]: name, v) for k, v in params.items()}
+
+    return optax.multi_transform({"train": make_optimizer(optim, steps), "frozen": optax.set_to_zero()}, labels)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +157,10 @@ class DistillConfig:
     # and the draft when its heads split, tensor parallel over "model"; each batch's rows split
     # over "data" (it must divide the batch size) (training/sharded_steps.py). None: one device.
     mesh: str | None = None
+    # false: the draft's embedding and LM head stay as they start (with draft_init
+    # target_layers, the target's own), and OUT/draft_shared is also written: the draft less
+    # those tensors, which load_model takes from the target (io/shared_weights.py)
+    train_embedding: bool = True
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -289,10 +306,11 @@ def distill(config: DistillConfig, out_dir: str | Path, progress: bool = True, s
     """
     from specjax.io.hf import save_model
     from specjax.io.presets import resolve_model
+    from specjax.io.shared_weights import save_model_sharing
 
     out_dir = open_run(out_dir, config, "distill_config.yaml")
     mesh = MeshSteps(config.mesh, config.stream().batch_size)  # first: a mesh of devices that do not exist fails now
-    target = resolve_model(config.target)
+    target = loaded = resolve_model(config.target)
     if config.dataset is not None:
         report_dataset(config.dataset, target.tokenizer, out_dir)
     start_draft = _start_draft(config, target)  # from the target as loaded (its kv heads, not the mesh's)
@@ -300,7 +318,7 @@ def distill(config: DistillConfig, out_dir: str | Path, progress: bool = True, s
     as_draft = lambda params: dataclasses.replace(start_draft, params=params)  # noqa: E731
     initial = start_draft.params
     target = mesh.target(target)  # on the mesh (unchanged without one): steps, batches and evaluation run on it
-    optimizer = _optimizer(config.optim, config.steps)
+    optimizer = (_optimizer if config.train_embedding else _optimizer_without_embedding)(config.optim, config.steps)
     params, opt_state, start, checkpoints, metrics = resume_or_start(
         out_dir, initial, optimizer, config.checkpoint_every
     )
@@ -335,6 +353,8 @@ def distill(config: DistillConfig, out_dir: str | Path, progress: bool = True, s
     before = rows[0]
     after = next(r for r in reversed(rows) if "mean_acceptance_length_greedy" in r)
     draft_dir = save_model(as_draft(params), out_dir / "draft")
+    if not config.train_embedding and config.draft_init == "target_layers":
+        save_model_sharing(as_draft(params), out_dir / "draft_shared", config.target, loaded, dtype="bfloat16")
     results = {
         "objective": config.objective,
         "steps": config.steps,
