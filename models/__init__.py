@@ -11,7 +11,7 @@ import functools
 import jax.numpy as jnp
 from flax import nnx
 
-from .attention import TreeMask
+from .attention import BlockMask, TreeMask
 from .cache import KVCache, init_cache
 from .config import LLAMA_FAMILY, MODEL_TYPES, ModelConfig
 from .gemma import Gemma2, Gemma3
@@ -53,13 +53,15 @@ def forward(
     tokens,
     positions,
     cache: KVCache,
-    tree: TreeMask | None = None,
+    tree: TreeMask | BlockMask | None = None,
     features: bool | tuple[int, ...] = False,
 ):
     """Pure forward: (params, tokens [B, T], positions [B, T], cache) -> (logits [B, T, V], cache).
 
     `tree` (a TreeMask) verifies a token tree: tokens go to `tree.slots` and attend to the
-    committed prefix plus their ancestors (models/attention.py). `features=True` also
+    committed prefix plus their ancestors (models/attention.py); a BlockMask drafts a block
+    of tokens at slot = position, causal or bidirectional within it. Either leaves
+    `cache.lengths` to the caller. `features=True` also
     returns the hidden states the LM head reads, [B, T, D]: (logits, cache, features);
     `features=(i, j, ..)` returns instead the outputs of blocks i, j, .. concatenated,
     [B, T, n * D] (llama.decode; a bad index is a ValueError naming it).
@@ -78,6 +80,7 @@ def full_forward(config: ModelConfig, params: dict, tokens, features: bool | tup
 
 __all__ = [
     "MODEL_TYPES",
+    "BlockMask",
     "KVCache",
     "ModelConfig",
     "TreeMask",

@@ -12,6 +12,10 @@ Per-layer options: a sliding `window` (a query at position p sees slots s with
 p - s < window, one more rule ANDed into the visibility; the blockwise loop also starts at
 the first block any query can still see), and `softcap` (Gemma 2: scores become
 softcap * tanh(scores / softcap) before the mask).
+
+Two masks replace plain causality for a call: a TreeMask (token-tree verification: nodes
+off their positions, each seeing its ancestors) and a BlockMask (parallel drafting: a
+block of tokens at slot = position, causal or bidirectional within the block).
 """
 
 from __future__ import annotations
@@ -46,18 +50,73 @@ class TreeMask:
         seen = jnp.take(self.visible, jnp.clip(rel, 0, width - 1), axis=1)  # [T, B, S']
         return (rel < 0)[:, None, :] | (in_window[:, None, :] & jnp.transpose(seen, (1, 0, 2)))
 
+    @property
+    def width(self) -> int:
+        """Window slots from `start` whose visibility this mask rules."""
+        return self.visible.shape[1]
 
-def _visibility(slots, positions, tree: TreeMask | None, window: int | None = None):
-    """slots [S'] -> [B, T, S']: slot s is visible iff s <= position, or by the tree's rule,
-    and, with a sliding window, only if position - s < window."""
+    # Tree tokens are not at slot = position, so a sliding window cannot judge them by slot.
+    slots_are_positions = False
+
+
+BLOCK_MODES = ("causal", "bidirectional")
+
+
+def block_visibility(slots, positions, start, width: int, mode: str = "causal"):
+    """slots [S'] of the cache -> [B, T, S']: what a call ending in a block of `width`
+    tokens at slots (= positions) start..start+width-1 sees (`BlockMask`).
+
+    positions [B, T] (this call's tokens, at slot = position); start [B]. A query at
+    position p sees slot s iff s <= p (causal), or, with mode "bidirectional", also when
+    both p and s lie in the block. Queries before the block never see into it.
+    """
+    if mode not in BLOCK_MODES:
+        raise ValueError(f"block mode must be one of {BLOCK_MODES}, got {mode!r}")
+    causal = slots[None, None, :] <= positions[:, :, None]  # [B, T, S']
+    if mode == "causal":
+        return causal
+    query_in = (positions >= start[:, None]) & (positions < start[:, None] + width)  # [B, T]
+    slot_in = (slots[None, :] >= start[:, None]) & (slots[None, :] < start[:, None] + width)  # [B, S']
+    return causal | (query_in[:, :, None] & slot_in[:, None, :])
+
+
+@struct.dataclass
+class BlockMask:
+    """Visibility for a call whose last `width` tokens are drafted together as one block:
+    parallel drafting feeds [context..., MASK, ..., MASK] and reads every block output.
+
+    Unlike a tree's, the call's tokens sit at slot = position (`slots`), as in a plain call,
+    and see the committed prefix and the call's earlier tokens. `mode` is what the block adds:
+    "causal" nothing (PARD: a mask token sees the context and the masks before it, the
+    same visibility as passing no mask at all), "bidirectional" every block token sees every
+    other block token (a DFlash-style block head). Like a tree call, a block call leaves
+    `cache.lengths` to its caller: the block's slots hold K/V of no committed token.
+    """
+
+    start: jax.Array  # [B] int32: the slot (= position) of the block's first token
+    slots: jax.Array  # [B, T] int32: this call's slots, equal to its positions
+    width: int = struct.field(pytree_node=False)  # block slots start..start+width-1
+    mode: str = struct.field(pytree_node=False, default="causal")
+
+    slots_are_positions = True
+
+    def mask(self, slots: jax.Array) -> jax.Array:
+        """slots [S'] of the cache -> [B, T, S'] visibility."""
+        return block_visibility(slots, self.slots, self.start, self.width, self.mode)
+
+
+def _visibility(slots, positions, tree: TreeMask | BlockMask | None, window: int | None = None):
+    """slots [S'] -> [B, T, S']: slot s is visible iff s <= position, or by the tree's (or
+    block's) rule, and, with a sliding window, only if position - s < window."""
     visible = slots[None, None, :] <= positions[:, :, None] if tree is None else tree.mask(slots)
     if window is None:
         return visible
-    # The window is a rule on positions. Committed slots hold slot = position; a tree's
-    # window slots hold its nodes, whose slots are not their positions, but every node a
-    # query sees is an ancestor at most W - 1 positions above it, and attend checks W <= window.
+    # The window is a rule on positions. Committed slots and a block's tokens hold slot =
+    # position; a tree's window slots hold its nodes, whose slots are not their positions, but
+    # every node a query sees is an ancestor at most W - 1 positions above it, and attend
+    # checks W <= window.
     near = positions[:, :, None] - slots[None, None, :] < window  # [B, T, S']
-    if tree is not None:
+    if tree is not None and not tree.slots_are_positions:
         near = near | (slots[None, :] >= tree.start[:, None])[:, None, :]
     return visible & near
 
@@ -73,7 +132,7 @@ def attend(
     positions,
     cache: KVCache,
     layer: int,
-    tree: TreeMask | None = None,
+    tree: TreeMask | BlockMask | None = None,
     *,
     window: int | None = None,
     softcap: float | None = None,
@@ -86,9 +145,9 @@ def attend(
     `softcap` (static) caps the scores.
     Returns (out [B, T, H, d_head] in q's dtype, cache with this layer written).
     """
-    if window is not None and tree is not None and tree.visible.shape[1] > window:
+    if window is not None and tree is not None and not tree.slots_are_positions and tree.width > window:
         raise ValueError(
-            f"a token tree of {tree.visible.shape[1]} slots is wider than the sliding window ({window}): an "
+            f"a token tree of {tree.width} slots is wider than the sliding window ({window}): an "
             "ancestor could lie outside the window; use a smaller tree"
         )
     # One scatter per tensor; indices past the cache end are dropped, and callers

@@ -27,6 +27,7 @@ from specjax.drafters import (
     Fallback,
     LayerSkip,
     Medusa,
+    ParallelDraft,
     PromptLookup,
     Proposal,
     load_drafter,
@@ -41,6 +42,7 @@ from specjax.io.hf import save_model
 from specjax.io.model import Model, init_model, logits
 from specjax.io.presets import load_model
 from specjax.io.sharding import shard_model
+from specjax.io.shared_weights import save_model_sharing
 from specjax.legacy import (
     init_speculative_state,
     prepare_generate,
@@ -72,6 +74,7 @@ __all__ = [
     "Medusa",
     "Model",
     "ModelConfig",
+    "ParallelDraft",
     "Plan",
     "PreparedGeneration",
     "PromptLookup",
@@ -102,6 +105,7 @@ __all__ = [
     "rejection_sampling_rule",
     "save_drafter",
     "save_model",
+    "save_model_sharing",
     "shard_model",
     "speculative_generate",
     "speculative_step",

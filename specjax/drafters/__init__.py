@@ -1,6 +1,7 @@
 """Drafters: one file per way of proposing tokens (see base.py for the interface).
 
 draft_model.py    a separate draft Model
+parallel_draft.py a draft Model proposing K tokens from one forward over mask tokens (PARD)
 layer_skip.py     the target's first N layers (self-speculation)
 prompt_lookup.py  n-gram matching in the row's own prompt + output
 fallback.py       one drafter where it found something, another elsewhere
@@ -22,6 +23,7 @@ from specjax.drafters.fallback import Fallback
 from specjax.drafters.head_io import load_drafter, save_drafter, target_fingerprint
 from specjax.drafters.layer_skip import LayerSkip
 from specjax.drafters.medusa import Medusa
+from specjax.drafters.parallel_draft import ParallelDraft
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.drafters.registry import REGISTRY, make_drafter, register
 
@@ -34,6 +36,7 @@ __all__ = [
     "Fallback",
     "LayerSkip",
     "Medusa",
+    "ParallelDraft",
     "PromptLookup",
     "Proposal",
     "TreeProposal",

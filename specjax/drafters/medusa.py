@@ -113,29 +113,40 @@ class Medusa(Drafter):
         return Proposal(tokens=sample(key, scores), q=scores), state
 
     def propose_tree(self, weights, state: MedusaState, ctx: DraftContext, key):
-        tree = ctx.tree
-        scores = self._head_scores(weights, state, ctx, tree.depth)  # [B, D, V]
-        b = scores.shape[0]
+        scores = self._head_scores(weights, state, ctx, ctx.tree.depth)  # [B, D, V]
         sampled = not ctx.sampling.greedy and self.tree_candidates == "sample"
-        tokens = jnp.zeros((b, tree.num_nodes + 1), jnp.int32)
-        q_all = jnp.zeros((b, tree.num_nodes + 1, scores.shape[-1]), jnp.float32) if sampled else None
-        keys = jax.random.split(key, tree.depth)
-        for depth in range(1, tree.depth + 1):
-            nodes, head = tree.level(depth), scores[:, depth - 1]  # head [B, V]
-            parents = np.unique(tree.parents[nodes])
-            local = np.searchsorted(parents, tree.parents[nodes])
-            ranks = tree.ranks[nodes]
-            if sampled:
-                q_all = q_all.at[:, parents].set(head[:, None, :])
-                shape = (int(ranks.max()) + 1, b, parents.size)
-                draws = jax.random.categorical(keys[depth - 1], jnp.log(head)[:, None, :], axis=-1, shape=shape)
-                chosen = draws[ranks, :, local].T  # [B, M]: each parent's own i.i.d. draws
-            else:
-                chosen = jax.lax.top_k(head, int(ranks.max()) + 1)[1][:, ranks]  # [B, M]
-            tokens = tokens.at[:, nodes].set(chosen.astype(jnp.int32))
-        return TreeProposal(tokens=tokens[:, 1:], q=q_all), state
+        return cartesian_tree(ctx.tree, scores, key, sampled), state
 
     def update(self, weights, state: MedusaState, ctx: DraftContext, num_accepted):
         # The last verified position is L_prev - 1 + num_accepted = (new length) - 2.
         feature = jnp.take_along_axis(ctx.features, num_accepted[:, None, None], axis=1)[:, 0]
         return MedusaState(feature=feature.astype(state.feature.dtype))
+
+
+def cartesian_tree(tree, scores: jax.Array, key: jax.Array, sampled: bool) -> TreeProposal:
+    """A Cartesian-product tree from one distribution per depth, whatever the parent.
+
+    scores [B, D, V]: depth d's logits (greedy) or processed probabilities, d = 1..D, for
+    drafters whose depth-d guess does not read the tokens above it (Medusa heads, parallel
+    drafting). A node's rank-r child is the r-th top-ranked token of its depth, or with
+    `sampled` its own r-th i.i.d. draw from that depth's distribution (recorded in q at
+    the parent). Returns TreeProposal(tokens [B, N], q [B, N + 1, V] or None).
+    """
+    b = scores.shape[0]
+    tokens = jnp.zeros((b, tree.num_nodes + 1), jnp.int32)
+    q_all = jnp.zeros((b, tree.num_nodes + 1, scores.shape[-1]), jnp.float32) if sampled else None
+    keys = jax.random.split(key, tree.depth)
+    for depth in range(1, tree.depth + 1):
+        nodes, head = tree.level(depth), scores[:, depth - 1]  # head [B, V]
+        parents = np.unique(tree.parents[nodes])
+        local = np.searchsorted(parents, tree.parents[nodes])
+        ranks = tree.ranks[nodes]
+        if sampled:
+            q_all = q_all.at[:, parents].set(head[:, None, :])
+            shape = (int(ranks.max()) + 1, b, parents.size)
+            draws = jax.random.categorical(keys[depth - 1], jnp.log(head)[:, None, :], axis=-1, shape=shape)
+            chosen = draws[ranks, :, local].T  # [B, M]: each parent's own i.i.d. draws
+        else:
+            chosen = jax.lax.top_k(head, int(ranks.max()) + 1)[1][:, ranks]  # [B, M]
+        tokens = tokens.at[:, nodes].set(chosen.astype(jnp.int32))
+    return TreeProposal(tokens=tokens[:, 1:], q=q_all)
