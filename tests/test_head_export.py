@@ -18,11 +18,13 @@ import json
 
 import _torch_heads as ref
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import test_head_formats as formats
 import torch
 import transformers
+from safetensors.flax import load_file as load_flax
 from safetensors.torch import load_file
 from specjax.models.heads import init_medusa_params
 from test_head_formats import PROMPTS, TARGET, TOKENS, VOCAB, _reference_logits, _specjax_logits
@@ -251,3 +253,13 @@ def test_save_head_on_the_command_line(hf_target, heads, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("specjax: error: format='eagle3' writes EAGLE heads") and len(err) == 2
     assert not (tmp_path / "bad").exists()
+    # --dtype bfloat16: the files half the size; loading casts back to the target's dtype.
+    small = tmp_path / "small"
+    assert main([*args[:-1], "specjax", "--dtype", "bfloat16", "--out", str(small)]) == 0
+    stored = load_flax(str(small / "model.safetensors"))
+    assert {x.dtype for x in stored.values()} == {jnp.dtype("bfloat16")}
+    target = specjax.load_model(target_dir)
+    original, reloaded = specjax.load_drafter(heads["medusa2"][0], target), specjax.load_drafter(small, target)
+    for a, b in zip(jax.tree.leaves(original.params), jax.tree.leaves(reloaded.params), strict=True):
+        assert b.dtype == jnp.dtype(target.config.dtype)
+        np.testing.assert_array_equal(b, a.astype(jnp.bfloat16).astype(b.dtype))

@@ -62,14 +62,21 @@ def add_save_head(subparsers):
     p.add_argument("--target", default=default_pair()[0], help="the target model the head drafts for (as --target)")
     p.add_argument("--format", required=True, choices=FORMATS, help="the layout to write")
     p.add_argument("--out", required=True, help="directory to write (created; must be empty if it exists)")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        help="store the weights in this precision (bfloat16 halves the files; loading casts them to the "
+        "target's dtype); default: as they are",
+    )
     p.set_defaults(func=_save_head)
     return p
 
 
 def _save_head(args) -> int:
+    import dataclasses
     from pathlib import Path
 
-    from specjax.drafters.head_io import load_drafter, save_drafter
+    from specjax.drafters.head_io import cast_floating, load_drafter, save_drafter
     from specjax.io.presets import load_model
 
     out = Path(args.out)
@@ -77,6 +84,8 @@ def _save_head(args) -> int:
         raise ValueError(f"--out {out} exists and is not empty; choose a new directory")
     target = load_model(args.target)
     head = load_drafter(args.head, target)
+    if args.dtype:
+        head = dataclasses.replace(head, params=cast_floating(head.params, args.dtype))
     save_drafter(head, out, target_name=args.target, target=target, format=args.format)
     print(f"wrote {args.head} ({head.name} head for {args.target}) as {args.format} to {out}")
     return 0

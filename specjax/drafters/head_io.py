@@ -255,6 +255,12 @@ def save_drafter(
     return path
 
 
+def cast_floating(params, dtype):
+    """Floating-point leaves as `dtype`; integer ones (EAGLE-3's d2t) as they are."""
+    dtype = jax.numpy.dtype(dtype)
+    return jax.tree.map(lambda x: x.astype(dtype) if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x, params)
+
+
 def load_drafter(
     path,
     target: Model | ModelConfig | None = None,
@@ -292,6 +298,8 @@ def load_drafter(
         raise ValueError(f"unknown head kind {config['kind']!r} in {path}")
     params = jax.tree.map(jax.numpy.asarray, _unflatten(load_file(str(path / "model.safetensors"))))
     target_config = None if target is None else getattr(target, "config", target)
+    if target_config is not None:  # a head stored in bfloat16 (to ship it small) computes in the target's dtype
+        params = cast_floating(params, target_config.dtype)
     if target is not None:
         _check_target(label, config, params, target, allow_transfer)
     if config["kind"] == "medusa":
