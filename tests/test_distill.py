@@ -105,12 +105,14 @@ def test_resume_reproduces_the_uninterrupted_run(pair_dirs, tmp_path):
 
 def test_kill_9_during_distillation_then_resume(pair_dirs, tmp_path):
     """SIGKILL a real `specjax distill` process after a checkpoint; the rerun ends as an uninterrupted run."""
-    config = _config(pair_dirs, "steps=60", "eval.every=60", "data.draft_generated=0.5")
+    # 24 steps: the kill lands after the step-10 checkpoint with steps to spare, and all three
+    # runs (killed, rerun, straight) stay short (60 steps made this the suite's slowest test).
+    config = _config(pair_dirs, "steps=24", "eval.every=24", "data.draft_generated=0.5")
     config_path = tmp_path / "distill.yaml"
     dump_config(config, config_path)
     run_dir = tmp_path / "killed"
     command = [sys.executable, "-m", "specjax.cli", "distill", "--config", str(config_path), "--out", str(run_dir)]
-    kill_after_checkpoint([*command, "--no-progress"], run_dir / "checkpoints", min_step=10, total_steps=60)
+    kill_after_checkpoint([*command, "--no-progress"], run_dir / "checkpoints", min_step=10, total_steps=24)
     straight = distill(config, tmp_path / "straight", progress=False)
     a = specjax.load_model(straight["draft"]).params
     b = specjax.load_model(run_dir / "draft").params
