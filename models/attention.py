@@ -36,24 +36,33 @@ class TreeMask:
     tokens at `slots`, and query t sees every slot before `start` (the committed prefix)
     plus the window slots w with `visible[t, w]` (its ancestors and itself). A chain is the
     special case visible = lower triangle, slots = positions.
+
+    `visible` may also differ per row, [B, T, W]: with start 0 and W the whole call, any
+    visibility at all over nodes at explicit positions (PARD's packed mask-token training,
+    training/parallel_objective.py).
     """
 
     start: jax.Array  # [B] int32: the slot of window index 0 (the root)
     slots: jax.Array  # [B, T] int32: where this call's tokens are written
-    visible: jax.Array  # [T, W] bool: query t of this call sees window index w
+    visible: jax.Array  # [T, W] (or per row [B, T, W]) bool: query t of this call sees window index w
 
     def mask(self, slots: jax.Array) -> jax.Array:
         """slots [S'] of the cache -> [B, T, S'] visibility."""
-        width = self.visible.shape[1]
+        width = self.width
         rel = slots[None, :] - self.start[:, None]  # [B, S']
         in_window = (rel >= 0) & (rel < width)
-        seen = jnp.take(self.visible, jnp.clip(rel, 0, width - 1), axis=1)  # [T, B, S']
-        return (rel < 0)[:, None, :] | (in_window[:, None, :] & jnp.transpose(seen, (1, 0, 2)))
+        index = jnp.clip(rel, 0, width - 1)  # [B, S']
+        if self.visible.ndim == 2:
+            seen = jnp.transpose(jnp.take(self.visible, index, axis=1), (1, 0, 2))  # [B, T, S']
+        else:
+            b, t, _ = self.visible.shape
+            seen = jnp.take_along_axis(self.visible, jnp.broadcast_to(index[:, None, :], (b, t, index.shape[1])), 2)
+        return (rel < 0)[:, None, :] | (in_window[:, None, :] & seen)
 
     @property
     def width(self) -> int:
         """Window slots from `start` whose visibility this mask rules."""
-        return self.visible.shape[1]
+        return self.visible.shape[-1]
 
     # Tree tokens are not at slot = position, so a sliding window cannot judge them by slot.
     slots_are_positions = False

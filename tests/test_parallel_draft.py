@@ -250,5 +250,13 @@ def test_registered_by_name(target):
     spec = {"kind": "parallel_draft", "model": "tiny", "mask_token_id": MASK}
     drafter = make_drafter(spec, load=lambda name: target)
     assert drafter == specjax.ParallelDraft(target, MASK) and drafter.weights() is target.params
-    with pytest.raises(ValueError, match=r"takes mask_token_id, model \(mask_token_id, model required\)"):
+    # No mask_token_id: the model's recorded one (config.json's specjax_mask_token_id), else an error.
+    recorded = dataclasses.replace(target, mask_token_id=MASK - 1)
+    assert (
+        make_drafter({"kind": "parallel_draft", "model": "tiny"}, load=lambda name: recorded).mask_token_id == MASK - 1
+    )
+    assert make_drafter(spec, load=lambda name: recorded).mask_token_id == MASK  # a given one wins
+    with pytest.raises(ValueError, match=r"got None: give one \(mask_token_id: ID\), or a draft whose config\.json"):
         make_drafter({"kind": "parallel_draft", "model": "tiny"}, load=lambda name: target)
+    with pytest.raises(ValueError, match=r"takes mask_token_id, model \(model required\)"):
+        make_drafter({"kind": "parallel_draft", "mask_token_id": MASK}, load=lambda name: target)

@@ -44,7 +44,9 @@ class ParallelDraft(Drafter):
     """A draft `Model` that proposes K tokens from one forward over [context, MASK x (K - 1)].
 
     mask_token_id: the id the draft was trained to read as "a token to guess" (a token of
-    the draft's own vocabulary, which must be the target's).
+    the draft's own vocabulary, which must be the target's); None: the one the model
+    records (`Model.mask_token_id`, config.json's specjax_mask_token_id, which a draft
+    trained by `specjax distill` with parallel enabled carries).
     catch_up: width of the committed part of the forward; 0 (the default) means K + 1 (the
     tree's depth + 1 in a tree round), the most one round leaves the cache behind. A wider
     one (a combinator's `tolerating_lag`) costs more tokens per forward, never a forward more.
@@ -62,14 +64,22 @@ class ParallelDraft(Drafter):
     def __post_init__(self):
         if self.model is not None:
             object.__setattr__(self, "config", self.model.config)
+            if self.mask_token_id is None:
+                object.__setattr__(self, "mask_token_id", self.model.mask_token_id)
         if self.config is None:
             raise ValueError("ParallelDraft needs a draft Model: ParallelDraft(model, mask_token_id)")
         vocab = self.config.vocab_size
         mask = self.mask_token_id
         if isinstance(mask, bool) or not isinstance(mask, int) or not 0 <= mask < vocab:
+            unknown = (
+                ": give one (mask_token_id: ID), or a draft whose config.json records it (specjax_mask_token_id, "
+                "written by `specjax distill` with parallel.enabled)"
+                if mask is None
+                else ""
+            )
             raise ValueError(
                 f"ParallelDraft's mask_token_id must be a token id of the draft's vocabulary "
-                f"(0 <= id < {vocab}), got {mask!r}"
+                f"(0 <= id < {vocab}), got {mask!r}{unknown}"
             )
         if self.catch_up < 0:
             raise ValueError(f"ParallelDraft.catch_up must be >= 0 (0: K + 1), got {self.catch_up}")

@@ -92,8 +92,8 @@ def _head(args: dict, build: Build) -> Drafter:
 register("prompt_lookup", *_dataclass_kind(PromptLookup), doc="n-gram matching in the row's own text")
 register("layer_skip", _layer_skip, {"layers", "catch_up", "tree_candidates"}, doc="the target's first N layers")
 register("draft_model", lambda a, b: DraftModel(b.load(a["model"])), {"model"}, {"model"}, doc="a draft model")
-register("parallel_draft", lambda a, b: ParallelDraft(b.load(a["model"]), a["mask_token_id"]),
-         {"model", "mask_token_id"}, {"model", "mask_token_id"},
+register("parallel_draft", lambda a, b: ParallelDraft(b.load(a["model"]), a.get("mask_token_id")),
+         {"model", "mask_token_id"}, {"model"},
          doc="a PARD-trained draft model: K proposals from one forward")  # fmt: skip
 register("fallback", lambda a, b: Fallback(b.make(a["first"]), b.make(a["then"])), {"first", "then"},
          {"first", "then"}, doc="`first` where it found something, `then` elsewhere")  # fmt: skip
@@ -159,7 +159,8 @@ def make_drafter(
         {kind: prompt_lookup, max_ngram: 3, min_ngram: 1, prefer: latest}
         {kind: layer_skip, layers: 2}
         {kind: draft_model, model: stdlib-draft}
-        {kind: parallel_draft, model: DIR, mask_token_id: 258}   K proposals from one forward (PARD)
+        {kind: parallel_draft, model: DIR, mask_token_id: 258}   K proposals from one forward (PARD);
+                                                                 mask_token_id: DIR's recorded one if omitted
         {kind: fallback, first: {...}, then: {...}}
         {kind: head, path: stdlib-medusa}                        a head by name or directory
         {kind: head, path: DIR, allow_transfer: true}            ...on a target it was not trained for

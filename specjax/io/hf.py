@@ -20,6 +20,7 @@ from specjax.io.shared_weights import SHARED_KEY, read_params_sharing
 from specjax.io.tokenizer import ByteTokenizer, load_tokenizer, save_byte_tokenizer
 
 TRAINED_CONTEXT_KEY = "specjax_trained_context"  # config.json: tokens per training window (Model.trained_context)
+MASK_TOKEN_KEY = "specjax_mask_token_id"  # config.json: a parallel draft's mask token (Model.mask_token_id)
 
 
 def load_model(path_or_name: str | Path, dtype: str = "float32", mesh=None) -> Model:
@@ -54,7 +55,8 @@ def load_model(path_or_name: str | Path, dtype: str = "float32", mesh=None) -> M
         config, params = read_sharded_params(directory, config, mesh)
     else:
         params = read_params(directory, config)
-    return Model(config, params, tokenizer=load_tokenizer(directory, hf), trained_context=trained_context)
+    tokenizer = load_tokenizer(directory, hf)
+    return Model(config, params, tokenizer, trained_context=trained_context, mask_token_id=hf.get(MASK_TOKEN_KEY))
 
 
 def save_model(model: Model, out_dir: str | Path) -> Path:
@@ -70,6 +72,8 @@ def save_model(model: Model, out_dir: str | Path) -> Path:
     config = config_to_hf(model.config, tokenizer)
     if model.trained_context is not None:
         config[TRAINED_CONTEXT_KEY] = int(model.trained_context)
+    if model.mask_token_id is not None:
+        config[MASK_TOKEN_KEY] = int(model.mask_token_id)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_params(out / SINGLE_FILE, model.config, model.params)

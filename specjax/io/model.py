@@ -23,6 +23,10 @@ class Model:
     # model accepts max_position_embeddings positions, but one trained on short windows
     # degrades past them; generation warns once when a request runs beyond (engine/prompts.py).
     trained_context: int | None = None
+    # The id a parallel (PARD) draft was trained to read as "a token to guess", where it was
+    # (config.json's "specjax_mask_token_id", written by `specjax distill` with parallel
+    # enabled): ParallelDraft(model) uses it when given none.
+    mask_token_id: int | None = None
 
     @property
     def num_parameters(self) -> int:

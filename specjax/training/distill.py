@@ -14,6 +14,11 @@ start from their first `prompt_len` tokens, and held-out acceptance is measured 
 dataset's validation prompts. A draft must share the target's vocabulary: a smaller
 pretrained one of the same family (`draft`), or `draft_init: config`, a fresh draft of the
 target's architecture and tokenizer sized by `draft_config`.
+
+`parallel.enabled` trains the draft into a parallel (PARD) drafter instead: every batch is
+one packed forward of real tokens plus mask groups (training/parallel_objective.py), on the
+same objectives and data; held-out acceptance is ParallelDraft's at K = num_masks + 1, and
+the saved draft records its mask token.
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ from tqdm.auto import tqdm
 from specjax.api import generate
 from specjax.config import GenerationConfig, SpeculativeConfig
 from specjax.drafters.layer_skip import early_exit
+from specjax.drafters.parallel_draft import ParallelDraft
 from specjax.io.model import Model
 from specjax.models import ModelConfig, full_forward, init_params
 from specjax.training.data import DataConfig, training_batch
 from specjax.training.datasets import DatasetConfig, dataset_batch
 from specjax.training.divergences import DIVERGENCES, get_divergence
+from specjax.training.parallel_objective import ParallelTrainConfig, parallel_step, resolve_mask_token_id, split_points
 from specjax.training.run_data import eval_prompts, report_dataset
 from specjax.training.run_dirs import open_run, resume_or_start
 from specjax.training.sharded_steps import MeshSteps, check_mesh
@@ -100,7 +107,7 @@ class DistillEvalConfig:
     prompts: int = 16  # held-out prompts from the validation split (the corpus's code, or the dataset's)
     prompt_bytes: int = 64  # corpus prompts; a text dataset's prompts are this many tokens (chats: their own)
     max_new_tokens: int = 48
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int = 4  # with parallel enabled, K = parallel.num_masks + 1 instead
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +168,8 @@ class DistillConfig:
     # target_layers, the target's own), and OUT/draft_shared is also written: the draft less
     # those tensors, which load_model takes from the target (io/shared_weights.py)
     train_embedding: bool = True
+    # Mask-token training into a parallel (PARD) drafter (training/parallel_objective.py); disabled: plain distillation
+    parallel: ParallelTrainConfig = dataclasses.field(default_factory=ParallelTrainConfig)
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -172,6 +181,7 @@ class DistillConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         get_divergence("tv" if self.objective == "next_token" else self.objective, self.temperature, self.beta)
         check_mesh(self.mesh, self.stream().batch_size)  # stream(): checks prompt_len against a dataset's rows
+        self.parallel.check_window(self.stream().seq_len)
 
     def stream(self) -> DistillDataConfig:
         """`data` with the rows batches really have: with a dataset, its windows (seq_len + 1
@@ -250,14 +260,18 @@ def distillation_batch(config: DistillConfig, target: Model, draft: Model, step:
 
 
 def acceptance(config: DistillConfig, target: Model, draft: Model, prompts: list[str]) -> dict:
-    """Held-out mean acceptance length and rate of `draft` against `target`, greedy and sampled."""
+    """Held-out mean acceptance length and rate of `draft` against `target`, greedy and sampled
+    (with parallel enabled: as a ParallelDraft, its mask the one `draft` records, K = num_masks + 1)."""
+    drafter, k = draft, config.eval.num_speculative_tokens
+    if config.parallel.enabled:
+        drafter, k = ParallelDraft(draft), config.parallel.num_masks + 1
     out = {}
     for name, temperature in (("greedy", 0.0), ("sampled", config.temperature)):
         settings = GenerationConfig.at_temperature(
             temperature, max_new_tokens=config.eval.max_new_tokens, seed=config.seed
         )
-        speculative = SpeculativeConfig(num_speculative_tokens=config.eval.num_speculative_tokens)
-        stats = generate(target, prompts, settings, draft=draft, speculative=speculative).stats
+        speculative = SpeculativeConfig(num_speculative_tokens=k)
+        stats = generate(target, prompts, settings, draft=drafter, speculative=speculative).stats
         out[f"mean_acceptance_length_{name}"] = stats.mean_acceptance_length
         out[f"acceptance_rate_{name}"] = stats.acceptance_rate
     return out
@@ -315,6 +329,10 @@ def distill(config: DistillConfig, out_dir: str | Path, progress: bool = True, s
         report_dataset(config.dataset, target.tokenizer, out_dir)
     start_draft = _start_draft(config, target)  # from the target as loaded (its kv heads, not the mesh's)
     draft_config: ModelConfig = start_draft.config
+    parallel = config.parallel
+    if parallel.enabled:  # the draft carries its mask token: the eval's ParallelDraft and the saved config.json read it
+        mask_id = resolve_mask_token_id(parallel, target.tokenizer or start_draft.tokenizer, draft_config.vocab_size)
+        start_draft = dataclasses.replace(start_draft, mask_token_id=mask_id)
     as_draft = lambda params: dataclasses.replace(start_draft, params=params)  # noqa: E731
     initial = start_draft.params
     target = mesh.target(target)  # on the mesh (unchanged without one): steps, batches and evaluation run on it
@@ -333,14 +351,23 @@ def distill(config: DistillConfig, out_dir: str | Path, progress: bool = True, s
 
     static = (config.objective, config.temperature, config.beta, draft_config, target.config)
     step_fn = mesh.jit(_step, params, opt_state, metrics=1)
+    if parallel.enabled:
+        static = (*static[:3], parallel, start_draft.mask_token_id, *static[3:])
+        step_fn = mesh.jit(parallel_step, params, opt_state, metrics=2)
     end = config.steps if stop_after is None else min(config.steps, start + stop_after)
     clock = time.perf_counter()
     for step in tqdm(range(start, end), initial=start, total=config.steps, disable=not progress, desc="distill"):
-        tokens, mask = mesh.rows(*distillation_batch(config, target, as_draft(params), step))
-        params, opt_state, loss = step_fn(static, optimizer, target.params, params, opt_state, tokens, mask)
+        batch = distillation_batch(config, target, as_draft(params), step)
+        if parallel.enabled:  # + split points, then (loss, per-offset losses)
+            batch = (*batch, split_points(parallel, batch[1], config.seed, step))
+        params, opt_state, loss, *offsets = step_fn(
+            static, optimizer, target.params, params, opt_state, *mesh.rows(*batch)
+        )
         done = step + 1
         if done % config.log_every == 0 or done % config.eval.every == 0 or done == config.steps:
             row = {"step": done, "loss": float(loss), "seconds": time.perf_counter() - clock}
+            if offsets:  # offset 0: the ordinary next-token term; i: the i-th mask's
+                row["loss_per_offset"] = [round(float(x), 6) for x in offsets[0]]
             if done % config.eval.every == 0 or done == config.steps:
                 row.update(acceptance(config, target, as_draft(params), prompts))
             metrics.write(row)
@@ -366,6 +393,11 @@ def distill(config: DistillConfig, out_dir: str | Path, progress: bool = True, s
         "acceptance_rate_after": after["acceptance_rate_greedy"],
         "draft": str(draft_dir),
         **({"dataset": config.dataset.path} if config.dataset is not None else {}),
+        **(
+            {"parallel_k": parallel.num_masks + 1, "mask_token_id": start_draft.mask_token_id}
+            if parallel.enabled
+            else {}
+        ),
         "eval": dataclasses.asdict(config.eval),
     }
     (out_dir / "results.json").write_text(json.dumps(results, indent=2))
