@@ -260,3 +260,20 @@ def test_registered_by_name(target):
         make_drafter({"kind": "parallel_draft", "model": "tiny"}, load=lambda name: target)
     with pytest.raises(ValueError, match=r"takes mask_token_id, model \(model required\)"):
         make_drafter({"kind": "parallel_draft", "mask_token_id": MASK}, load=lambda name: target)
+
+
+def test_the_shipped_pard_draft_decodes_exactly_and_is_accepted():
+    """stdlib-pard-draft (models/pretrained/, trained by configs/pard_draft.yaml) on the target
+    it was trained for, by name alone (its mask id is recorded): greedy equals plain, and it is
+    accepted well beyond chance (held-out 2.73 at K = 4 in its model card)."""
+    target = specjax.load_model("stdlib-target")
+    drafter = specjax.ParallelDraft(specjax.load_model("stdlib-pard-draft"))  # no mask id given
+    assert drafter.mask_token_id == 258
+    prompts = ["def parse_args(self):\n", "import os\n"]
+    settings = specjax.GenerationConfig(max_new_tokens=32)
+    plain = specjax.generate(target, prompts, settings)
+    spec = specjax.generate(
+        target, prompts, settings, draft=drafter, speculative=specjax.SpeculativeConfig(num_speculative_tokens=4)
+    )
+    assert spec.tokens == plain.tokens
+    assert spec.stats.mean_acceptance_length > 1.8
