@@ -314,7 +314,7 @@ def test_smollm2_matches_transformers_on_two_chat_prompts(smollm2):
     assert "Paris" in ours.tokenizer.decode(out.tokens[0])
 
 
-@pytest.mark.parametrize("name", ["smollm2-eagle3"])
+@pytest.mark.parametrize("name", ["smollm2-eagle3", "smollm2-draft"])
 def test_smollm2s_shipped_drafters_decode_exactly(smollm2, name):
     """The drafters trained for SmolLM2 here (models/pretrained/, their model cards): greedy
     output with each equals plain greedy output token for token, on a ragged batch."""
