@@ -354,6 +354,21 @@ def test_tuned_tree_beats_the_chain_of_equal_width(pair):
     assert abs(measured["tuned"] - (1 + tuned.expected_accepted(table))) < 0.1 * measured["tuned"]
 
 
+def test_tuning_reads_a_multi_layer_heads_own_features():
+    """EAGLE-3 heads (specjax's reduce and the published fc) draft their first token from the
+    target's block outputs: the tuner's depth-1 acceptance, teacher-forced on those, is what
+    decoding with a chain of one measures (depth 1 reads only true target features)."""
+    target = specjax.load_model("stdlib-target")
+    prompts = ["def parse_args(self):\n", "import os\nimport sys\n", "class Config:\n", "for i in range(10):\n"]
+    for name in ("stdlib-eagle3", "stdlib-eagle3-published"):
+        head = specjax.load_drafter(name, target)
+        table = specjax.measure_acceptance(target, head, prompts, max_new_tokens=24, max_depth=2, max_rank=2)
+        out = specjax.generate(target, prompts, GREEDY, draft=head, speculative=_tree(Tree.chain(1)))
+        # Not equal: the table counts every position (96), decoding only round starts (~57).
+        assert abs(table[0, 0] - out.stats.acceptance_rate) < 0.1, (name, table[0, 0], out.stats.acceptance_rate)
+        assert table[0, 0] > 0.5  # well-trained heads: far from the garbage features would give
+
+
 def test_tree_from_spec():
     assert Tree.from_spec("chain:3") == Tree.chain(3)
     assert Tree.from_spec("full:2:2") == Tree.full(2, 2)

@@ -35,7 +35,8 @@ from specjax.drafters.layer_skip import early_exit
 from specjax.engine.generation import prepared_generation
 from specjax.engine.plan import plan_generation
 from specjax.io.model import Model, logits
-from specjax.models.heads import teacher_forced
+from specjax.models import full_forward
+from specjax.models.heads import head_passes, teacher_forced
 from specjax.trees.tree import Tree
 
 
@@ -50,16 +51,26 @@ def _draft_logits(draft, target: Model, batch: np.ndarray) -> np.ndarray:
     if isinstance(draft, LayerSkip):
         return logits(Model(*early_exit(target.config, target.params, draft.layers)), batch)
     if isinstance(draft, Eagle) and draft.params is not None:
-        return np.asarray(_eagle_logits(draft.config, target.config, draft.params, target.params, jnp.asarray(batch)))
+        layers, options = tuple(draft.feature_layers), draft.options
+        tokens = jnp.asarray(batch)
+        return np.asarray(
+            _eagle_logits(draft.config, target.config, options, layers, draft.params, target.params, tokens)
+        )
     raise ValueError(
         f"tune_tree needs a draft Model, DraftModel, LayerSkip or Eagle head, got {draft!r} "
         "(Medusa's heads guess each depth separately: use Tree.from_acceptance on your own table)"
     )
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _eagle_logits(config, target_config, params, target_params, tokens):
-    return teacher_forced(config, params, target_config, target_params, tokens)[2]
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _eagle_logits(config, target_config, options, layers, params, target_params, tokens):
+    """The head's first draft step at every position of tokens [B, T] -> logits [B, T, V]:
+    from the target's final-norm feature, or with `layers` (EAGLE-3, specjax's reduce or the
+    published fc) from those blocks' raw outputs concatenated [B, T, n * D], as it drafts."""
+    if not layers:
+        return teacher_forced(config, params, target_config, target_params, tokens, options)[2]
+    _, multi = jax.lax.stop_gradient(full_forward(target_config, target_params, tokens, features=layers))
+    return head_passes(config, params, target_params, tokens, multi, options=options)[0]
 
 
 def _rank_probabilities(p_logits, q_logits, token, sampling: SamplingConfig, max_rank: int) -> np.ndarray:
