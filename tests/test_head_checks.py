@@ -137,7 +137,7 @@ def test_an_unknown_drafter_name_lists_the_spellings(spec):
         "stdlib-target",
         "stdlib-draft",
         "directory",
-        "draft_model, fallback, head, layer_skip, prompt_lookup",
+        "draft_model, fallback, head, layer_skip, parallel_draft, prompt_lookup",
     ):
         assert spelling in message
 
