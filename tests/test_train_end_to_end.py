@@ -16,12 +16,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
-from specjax.models import init_params
-from test_datasets import CHATML_TEMPLATE, make_tokenizer, write_jsonl
+from test_datasets import write_jsonl
+from test_train_on_datasets import save_tiny_chat_target
 
 import specjax
 from specjax.cli import main
@@ -103,25 +100,8 @@ def pick_questions(root: Path) -> list[str]:
 def runs(tmp_path_factory) -> dict:
     """The pipeline, once: the target directory, the questions and what each command wrote."""
     root = tmp_path_factory.mktemp("end_to_end")
-    tokenizer = make_tokenizer(CHATML_TEMPLATE)  # a byte-level BPE trained with `tokenizers`
-    config = specjax.ModelConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-    )
-    # Matrices at std 0.12 (not 0.02) so that greedy paths vary; drawn with numpy, since eager
-    # jax.random compiles a program per shape (seconds).
-    rng = np.random.default_rng(0)
-    params = jax.tree.map(
-        lambda s: jnp.asarray(0.12 * rng.standard_normal(s.shape) if len(s.shape) > 1 else np.ones(s.shape), s.dtype),
-        jax.eval_shape(lambda: init_params(config, 0)),
-    )
     target = root / "target"
-    specjax.save_model(specjax.Model(config, params, tokenizer), target)
+    save_tiny_chat_target(target)  # the random 3-layer Llama with a ChatML BPE of test_train_on_datasets
     questions = pick_questions(root)
     prompts, data = write_jsonl(root / "prompts.jsonl", user_turns(questions)), root / "chats.jsonl"
     cli("regenerate", "--target", target, "--data", prompts, "--out", data, "--max-new-tokens", 12,

@@ -70,6 +70,23 @@ def drawn(shapes, scale: float, seed: int):
     )
 
 
+def save_tiny_chat_target(directory) -> None:
+    """A random 3-layer HF Llama with a ChatML BPE tokenizer trained by `tokenizers`, saved to
+    `directory`; weights scaled up (std 0.12, not 0.02) so that greedy paths vary."""
+    tokenizer = make_tokenizer(CHATML_TEMPLATE)
+    config = specjax.ModelConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+    )
+    params = drawn(jax.eval_shape(lambda: init_params(config, 0)), 0.12, seed=0)
+    specjax.save_model(specjax.Model(config, params, tokenizer), directory)
+
+
 def chat(i: int) -> dict:
     return {
         "messages": [
@@ -85,19 +102,7 @@ def files(tmp_path_factory):
     """(target directory: a random 3-layer HF Llama with a ChatML BPE tokenizer, chats JSONL
     with two bad lines, a file with no usable record)."""
     root = tmp_path_factory.mktemp("any_target")
-    tokenizer = make_tokenizer(CHATML_TEMPLATE)
-    config = specjax.ModelConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-    )
-    # Weights scaled up (std 0.12, not 0.02) so that greedy paths vary.
-    params = drawn(jax.eval_shape(lambda: init_params(config, 0)), 0.12, seed=0)
-    specjax.save_model(specjax.Model(config, params, tokenizer), root / "target")
+    save_tiny_chat_target(root / "target")
     rows = [json.dumps(chat(i)) for i in range(120)]
     rows[5], rows[9] = "{not json", json.dumps({"messages": [{"role": "tool", "content": "42"}]})
     (root / "chats.jsonl").write_text("\n".join(rows) + "\n")
