@@ -134,6 +134,19 @@ def _softcap(scores, softcap: float | None):
     return scores if softcap is None else softcap * jnp.tanh(scores / softcap)
 
 
+def write_kv(cache: KVCache, layer: int, slots, k, v) -> KVCache:
+    """Write k, v [B, T, n_kv, d_head] into `layer` of the cache at slots [B, T].
+
+    One scatter per tensor; slots past the cache end are dropped (a row's padding, a move
+    nothing needs). The cache may hold a narrower dtype than the params. `attend` writes
+    through it; a block head writes its context K/V, which have no queries, through it alone.
+    """
+    rows = jnp.arange(k.shape[0])[:, None]  # [B, 1]
+    cache_k = cache.k.at[layer, rows, slots].set(cache.encode(k), mode="drop")
+    cache_v = cache.v.at[layer, rows, slots].set(cache.encode(v), mode="drop")
+    return cache.replace(k=cache_k, v=cache_v)
+
+
 def attend(
     q,
     k,
@@ -159,13 +172,9 @@ def attend(
             f"a token tree of {tree.width} slots is wider than the sliding window ({window}): an "
             "ancestor could lie outside the window; use a smaller tree"
         )
-    # One scatter per tensor; indices past the cache end are dropped, and callers
-    # guarantee they never occur. The cache may hold a narrower dtype than the params.
-    rows = jnp.arange(q.shape[0])[:, None]  # [B, 1]
     write = positions if tree is None else tree.slots  # [B, T]
-    cache_k = cache.k.at[layer, rows, write].set(cache.encode(k), mode="drop")
-    cache_v = cache.v.at[layer, rows, write].set(cache.encode(v), mode="drop")
-    cache = cache.replace(k=cache_k, v=cache_v)
+    cache = write_kv(cache, layer, write, k, v)
+    cache_k, cache_v = cache.k, cache.v
 
     # Grouped-query attention: the H query heads are n_kv groups of G heads.
     b, t, h, hd = q.shape

@@ -69,16 +69,14 @@ class Attention(nnx.Module):
         """x: [B, T, D]; positions: [B, T]. Returns ([B, T, D], cache with this layer written)."""
         cfg = self.config
         q = jnp.einsum("btd,dhk->bthk", x, self.q_proj[...])  # [B, T, H, d_head]
-        k = jnp.einsum("btd,dgk->btgk", x, self.k_proj[...])  # [B, T, n_kv, d_head]
-        v = jnp.einsum("btd,dgk->btgk", x, self.v_proj[...])  # [B, T, n_kv, d_head]
         if cfg.attention_bias:
-            q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
+            q = q + self.q_bias[...]
         if self.has_qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q = self.q_norm(q)
         # The layer's rotary variant: Gemma 3 uses another base on its sliding layers.
         inv_freq, attention_factor = frequencies(cfg.resolved_head_dim, *cfg.layer_rope(layer))
         q = rotary(q, positions, inv_freq, attention_factor)
-        k = rotary(k, positions, inv_freq, attention_factor)
+        k, v = self.keys_values(x, positions, layer)
         if cfg.query_pre_attn_scalar is not None:
             # attend divides scores by sqrt(d_head); Gemma divides them by sqrt(query_pre_attn_scalar).
             q = q * jnp.asarray((cfg.resolved_head_dim / cfg.query_pre_attn_scalar) ** 0.5, q.dtype)
@@ -88,6 +86,20 @@ class Attention(nnx.Module):
         if cfg.o_proj_bias:
             out = out + self.o_bias[...]
         return out, cache
+
+    def keys_values(self, x, positions, layer: int):
+        """x [B, T, D], positions [B, T] -> (k, v) [B, T, n_kv, d_head] as this layer caches
+        them (biased, k normed and rotated). A DFlash-style block head projects the target's
+        context features through it (models/block_head.py)."""
+        cfg = self.config
+        k = jnp.einsum("btd,dgk->btgk", x, self.k_proj[...])  # [B, T, n_kv, d_head]
+        v = jnp.einsum("btd,dgk->btgk", x, self.v_proj[...])  # [B, T, n_kv, d_head]
+        if cfg.attention_bias:
+            k, v = k + self.k_bias[...], v + self.v_bias[...]
+        if self.has_qk_norm:
+            k = self.k_norm(k)
+        inv_freq, attention_factor = frequencies(cfg.resolved_head_dim, *cfg.layer_rope(layer))
+        return rotary(k, positions, inv_freq, attention_factor), v
 
 
 class MLP(nnx.Module):

@@ -20,6 +20,7 @@ from specjax.core.loop import CacheConfig
 from specjax.core.sampling import SamplingConfig, probabilities
 from specjax.core.state import DecodeState, LoopState, Plan, SpecPlan, SpecState
 from specjax.drafters import (
+    BlockHead,
     DraftContext,
     Drafter,
     DraftModel,
@@ -58,6 +59,7 @@ from specjax.version import __version__  # noqa: F401 (specjax.__version__)
 __all__ = [
     "AcceptanceRule",
     "AdaptiveConfig",
+    "BlockHead",
     "CacheConfig",
     "DecodeState",
     "DraftContext",

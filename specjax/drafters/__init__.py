@@ -7,6 +7,7 @@ prompt_lookup.py  n-gram matching in the row's own prompt + output
 fallback.py       one drafter where it found something, another elsewhere
 medusa.py         Medusa heads on the target's own hidden states
 eagle.py          an EAGLE-style head: one layer extrapolating the target's features
+block_head.py     a DFlash-style block head: K proposals from one non-causal pass over target states
 head_io.py        saving and loading trained heads, checked against their target
 convert.py        `as_drafter`: a Model wherever a drafter is taken
 registry.py       every kind by name: `make_drafter` builds one from a name or a mapping,
@@ -16,6 +17,7 @@ registry.py       every kind by name: `make_drafter` builds one from a name or a
 from __future__ import annotations
 
 from specjax.drafters.base import DraftContext, Drafter, Proposal, TreeProposal
+from specjax.drafters.block_head import BlockHead
 from specjax.drafters.convert import as_drafter
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.eagle import Eagle
@@ -29,6 +31,7 @@ from specjax.drafters.registry import REGISTRY, make_drafter, register
 
 __all__ = [
     "REGISTRY",
+    "BlockHead",
     "DraftContext",
     "DraftModel",
     "Drafter",

@@ -221,16 +221,24 @@ class Eagle(Drafter):
     def update(self, weights, state: EagleState, ctx: DraftContext, num_accepted):
         # Verified features: positions L_prev - 1 + j for j <= num_accepted (L_prev = new length
         # - num_accepted - 1, before any EOS/max cut; a cut row is done and never drafts again).
-        width = ctx.features.shape[1]
-        j = jnp.arange(width)[None, :]
-        start = ctx.lengths - num_accepted - 2  # [B]
-        slots = jnp.where(j <= num_accepted[:, None], start[:, None] + j, state.features.shape[1])
-        rows = jnp.arange(slots.shape[0])[:, None]
-        features = state.features.at[rows, slots].set(ctx.features.astype(state.features.dtype), mode="drop")
+        features = store_verified(state.features, ctx, num_accepted)
         # Slots below the round's start hold K/V of true features (its catch-up fed them); the
         # drafted ones past it were fed predicted features, and the next catch-up rewrites them.
         cache = state.cache.replace(lengths=jnp.minimum(state.cache.lengths, ctx.lengths - num_accepted - 1))
         return state.replace(features=features, cache=cache)
+
+
+def store_verified(features, ctx: DraftContext, num_accepted):
+    """features [B, S, F] by position, with the round's verified target features written in:
+    ctx.features [B, A + 1, F] at positions L_prev - 1 + j for j <= num_accepted (L_prev =
+    new length - num_accepted - 1, before any EOS/max cut; a cut row is done and never
+    drafts again). Drafters that read the target's states by position (EAGLE, the block head)
+    keep them this way."""
+    j = jnp.arange(ctx.features.shape[1])[None, :]
+    start = ctx.lengths - num_accepted - 2  # [B]
+    slots = jnp.where(j <= num_accepted[:, None], start[:, None] + j, features.shape[1])
+    rows = jnp.arange(slots.shape[0])[:, None]
+    return features.at[rows, slots].set(ctx.features.astype(features.dtype), mode="drop")
 
 
 def _previous(features, positions):

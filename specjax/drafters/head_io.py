@@ -1,4 +1,4 @@
-"""Saving and loading trained draft heads (Medusa and EAGLE-style heads).
+"""Saving and loading trained draft heads (Medusa, EAGLE-style and DFlash-style block heads).
 
 A head directory holds `drafter.json` (its kind, shape, and the target it was trained
 for) and `model.safetensors` (the head's own weights only: the target's embedding and LM
@@ -27,6 +27,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from specjax.drafters.base import Drafter
+from specjax.drafters.block_head import BlockHead
 from specjax.drafters.eagle import Eagle
 from specjax.drafters.head_files import WEIGHT_FILES
 from specjax.drafters.head_formats import load_published
@@ -120,7 +121,7 @@ def target_fingerprint(target: Model | ModelConfig) -> dict[str, str]:
 def _eagle_head_dim(params: dict) -> int:
     """The attention head size an EAGLE head's layer was built with (the target's): q_proj [D, H, d_head].
     Its one layer is keyed 0 in memory and "0" once loaded."""
-    (layer,) = params["layers"].values()
+    layer = next(iter(params["layers"].values()))  # a block head's layers all have the one shape
     return int(np.shape(layer["attn"]["q_proj"])[-1])
 
 
@@ -132,7 +133,7 @@ def _shape_mismatches(config: dict, params: dict, target: ModelConfig) -> list[t
     wanted = [("hidden size", hidden, target.hidden_size)]
     if config.get("vocab_size"):  # 0: a Medusa built without its vocabulary
         wanted.append(("vocabulary", int(config["vocab_size"]), target.vocab_size))
-    if kind == "eagle":
+    if kind in ("eagle", "block_head"):
         wanted.append(("head dim", _eagle_head_dim(params), target.resolved_head_dim))
     out = [(f"{name} {mine}", f"{name} {theirs}") for name, mine, theirs in wanted if mine != theirs]
     layers = config.get("feature_layers") or []  # multi-layer features: blocks the target must have
@@ -213,8 +214,8 @@ def save_drafter(
     ValueError naming the differences; "eagle" also needs the target Model (its files carry the
     target's embedding). Published files hold no fingerprint: target_name is their only record.
     """
-    if not isinstance(drafter, Medusa | Eagle) or drafter.params is None:
-        raise ValueError(f"save_drafter saves trained heads (Medusa or Eagle with weights), got {drafter!r}")
+    if not isinstance(drafter, Medusa | Eagle | BlockHead) or drafter.params is None:
+        raise ValueError(f"save_drafter saves trained heads (Medusa, Eagle or BlockHead with weights), got {drafter!r}")
     if format != "specjax":
         return write_published(drafter, path, format, target_name, target)
     if isinstance(drafter, Medusa):
@@ -229,7 +230,10 @@ def save_drafter(
             "intermediate_size": c.intermediate_size,
             "feature_layers": list(drafter.feature_layers),  # [] = the final-norm feature
         }
-        if drafter.options != SPECJAX_HEAD:  # a published variant; files of specjax's own head stay as they were
+        if isinstance(drafter, BlockHead):
+            shape["num_hidden_layers"] = c.num_hidden_layers
+            shape.update(mask_token_id=drafter.mask_token_id, block_size=drafter.block_size)
+        elif drafter.options != SPECJAX_HEAD:  # a published variant; files of specjax's own head stay as they were
             shape["options"] = dataclasses.asdict(drafter.options)
             shape["layer"] = {k: _canonical_config(c).get(k) for k in _LAYER_FIELDS}
     config = {"format": FORMAT, "kind": drafter.name, **shape, "target": {"name": target_name}}
@@ -294,7 +298,7 @@ def load_drafter(
     config = json.loads((path / _CONFIG).read_text())
     if config.get("format") != FORMAT:
         raise ValueError(f"{path / _CONFIG} has format {config.get('format')!r}, expected {FORMAT!r}")
-    if config["kind"] not in ("medusa", "eagle"):
+    if config["kind"] not in ("medusa", "eagle", "block_head"):
         raise ValueError(f"unknown head kind {config['kind']!r} in {path}")
     params = jax.tree.map(jax.numpy.asarray, _unflatten(load_file(str(path / "model.safetensors"))))
     target_config = None if target is None else getattr(target, "config", target)
@@ -306,7 +310,8 @@ def load_drafter(
         drafter = Medusa(params=params, vocab_size=int(config["vocab_size"]))
     else:
         if target_config is None:
-            raise ValueError(f"an EAGLE head ({label}) is built around its target: pass the target to load_drafter")
+            what = "a block head" if config["kind"] == "block_head" else "an EAGLE head"
+            raise ValueError(f"{what} ({label}) is built around its target: pass the target to load_drafter")
         own = dict(config.get("layer", {}))  # a published variant's own layer fields
         if own.get("rope_scaling") is not None:
             own["rope_scaling"] = dict(own["rope_scaling"])
@@ -317,11 +322,25 @@ def load_drafter(
             config["intermediate_size"],
             **own,
         )
+        if config["kind"] == "block_head":
+            layer = layer.replace(num_hidden_layers=int(config["num_hidden_layers"]))
+            drafter = BlockHead(
+                params=params,
+                config=layer,
+                feature_layers=tuple(config["feature_layers"]),
+                mask_token_id=int(config["mask_token_id"]),
+                block_size=int(config["block_size"]),
+            )
+            return _checked(drafter, label, config, target_config)
         options = HeadOptions(**config.get("options", {}))
         # Heads saved before multi-layer features have no "feature_layers": the final-norm feature.
         drafter = Eagle(
             params=params, config=layer, feature_layers=tuple(config.get("feature_layers", ())), options=options
         )
+    return _checked(drafter, label, config, target_config)
+
+
+def _checked(drafter: Drafter, label: str, config: dict, target_config: ModelConfig | None) -> Drafter:
     if target_config is not None:
         try:
             drafter.check(target_config, 1)

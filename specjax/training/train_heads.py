@@ -59,6 +59,7 @@ from specjax.models.heads import (
     teacher_forced,
     unrolled,
 )
+from specjax.training.block_objective import BlockHeadConfig, block_head_start
 from specjax.training.data import DataConfig, training_batch
 from specjax.training.datasets import DatasetConfig
 from specjax.training.draft_vocab import FILE as DRAFT_VOCAB_FILE
@@ -69,7 +70,7 @@ from specjax.training.run_dirs import open_run, resume_or_start
 from specjax.training.sharded_steps import MeshSteps, check_mesh
 from specjax.training.train import OptimConfig, make_optimizer
 
-KINDS = ("medusa", "eagle")
+KINDS = ("medusa", "eagle", "block")
 # One optimizer object per (settings, steps): with a loss that compares by value (TTTLoss),
 # the jitted step, whose static arguments both are, compiles once for equal runs in a process.
 _optimizer = functools.lru_cache(maxsize=8)(make_optimizer)
@@ -108,6 +109,8 @@ class HeadTrainConfig:
     kind: str = "medusa"
     num_heads: int = 4  # Medusa only
     eagle: EagleHeadConfig = dataclasses.field(default_factory=EagleHeadConfig)
+    # kind block: a DFlash-style block head (training/block_objective.py)
+    block: BlockHeadConfig = dataclasses.field(default_factory=BlockHeadConfig)
     data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(seq_len=128, batch_size=16))
     # A user dataset to train on instead of the corpus (`--data FILE`); its seq_len and
     # batch_size then shape the batches, and `data` is not read.
@@ -134,6 +137,8 @@ class HeadTrainConfig:
         if self.eagle.eagle3.enabled and self.kind != "eagle":
             raise ValueError(f"eagle.eagle3.enabled trains an EAGLE head: set kind=eagle (got kind={self.kind})")
         check_mesh(self.mesh, self.batch_size)
+        if self.kind == "block":
+            self.block.check_window(self.data.seq_len if self.dataset is None else self.dataset.seq_len)
 
     @property
     def batch_size(self) -> int:
@@ -233,6 +238,8 @@ def _kind(config: HeadTrainConfig, target: Model, out_dir: Path) -> _Kind:
             loss=functools.partial(medusa_loss, target.config),
             part_names=("loss_per_head",),
         )
+    if config.kind == "block":
+        return _block_kind(config, target)
     e = config.eagle
     if e.eagle3.enabled:
         return _eagle3_kind(config, target, out_dir)
@@ -275,6 +282,11 @@ def _eagle3_kind(config: HeadTrainConfig, target: Model, out_dir: Path) -> _Kind
     )
 
 
+def _block_kind(config: HeadTrainConfig, target: Model) -> _Kind:
+    initial, as_head, loss = block_head_start(config.block, target, config.seed)
+    return _Kind(initial, as_head, loss, part_names=("kl_per_position", "accuracy_per_position"))
+
+
 def _batches(config: HeadTrainConfig, target: Model):
     """step -> (tokens int32 [B, L], mask float32 [B, L] over predicted positions, or None for
     the corpus, whose every position is scored)."""
@@ -296,7 +308,7 @@ def _parts(names: tuple[str, ...], parts) -> dict:
 
 def head_acceptance(config: HeadTrainConfig, target: Model, head, prompts: list[str]) -> dict:
     """Held-out greedy mean acceptance length and rate of `head` at eval K."""
-    k = min(config.eval.num_speculative_tokens, getattr(head, "num_heads", 10**6))
+    k = min(config.eval.num_speculative_tokens, getattr(head, "num_heads", 10**6), getattr(head, "block_size", 10**6))
     settings = GenerationConfig(max_new_tokens=config.eval.max_new_tokens, seed=config.seed)
     stats = generate(
         target, prompts, settings, draft=head, speculative=SpeculativeConfig(num_speculative_tokens=k)
@@ -361,7 +373,7 @@ def train_head(config: HeadTrainConfig, out_dir: str | Path, progress: bool = Tr
     results = {
         "kind": config.kind,
         "steps": config.steps,
-        **({"num_heads": config.num_heads} if config.kind == "medusa" else {"eagle": dataclasses.asdict(config.eagle)}),
+        **_shape_summary(config),
         "head_parameters": int(sum(x.size for x in jax.tree.leaves(params))),
         "mean_acceptance_length_before": rows[0]["mean_acceptance_length_greedy"],
         "mean_acceptance_length_after": final["mean_acceptance_length_greedy"],
@@ -372,6 +384,12 @@ def train_head(config: HeadTrainConfig, out_dir: str | Path, progress: bool = Tr
     }
     (out_dir / "results.json").write_text(json.dumps(results, indent=2))
     return results
+
+
+def _shape_summary(config: HeadTrainConfig) -> dict:
+    if config.kind == "medusa":
+        return {"num_heads": config.num_heads}
+    return {config.kind: dataclasses.asdict(getattr(config, config.kind))}
 
 
 def _vocab_summary(out_dir: Path) -> dict:

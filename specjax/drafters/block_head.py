@@ -1,0 +1,185 @@
+"""A DFlash-style block head as a drafter: K proposals from one non-causal head forward.
+
+The network (models/block_head.py) reads the target's multi-layer states as its context and
+fills a block [last committed token, MASK x K] in one pass; its K mask outputs are the
+proposals. A round at length L (tokens 0..L-1 committed, the target's states known up to
+L - 2: token L - 1 is the last round's bonus, not yet run through the target):
+
+  context: positions L-1-W .. L-2 (W = K + 1, the most a round can accept plus its bonus)
+    re-written from the verified states the drafter keeps by position, so the head's cache
+    holds the context of every committed position below L - 1 (cache.lengths = L - 1);
+  block:   positions L-1 .. L+K-1, the anchor token and K masks, bidirectional within it.
+
+The block's K/V land in slots L-1.. and are overwritten by the next round's context (its
+catch-up is one wider than the accepted tokens for that reason). Adaptive speculation's
+plain steps commit tokens whose states arrive one at a time; a lagging cache is caught up
+in chunks first, as EAGLE's is.
+
+Proposal i is drawn from output i alone, so q[:, i] is exactly its distribution and
+speculative sampling stays exact; a tree is the Cartesian product of the per-position
+top-k (or i.i.d. draws), as for Medusa and ParallelDraft.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax.core.loop import gather_tokens
+from specjax.core.sampling import probabilities, sample
+from specjax.drafters.base import DraftContext, Drafter, Proposal
+from specjax.drafters.eagle import store_verified
+from specjax.drafters.medusa import cartesian_tree
+from specjax.models import BlockMask, KVCache, ModelConfig, feature_layers, init_cache
+from specjax.models.block_head import block_head_forward, write_context
+
+
+@struct.dataclass
+class BlockHeadState:
+    cache: KVCache  # the head's cache [N, B, S, n_kv, d_head]: context K/V at slot = position, below lengths
+    features: jax.Array  # [B, S, n * D]: the target's block outputs by position (verified)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockHead(Drafter):
+    """A DFlash-style block head for one target; `config` is its N-layer Llama config
+    (models/heads.head_config with num_hidden_layers=N).
+
+    feature_layers: the target blocks whose outputs make the context (DFlash: spread from
+    low to high); mask_token_id: the token the block's masks are embedded as (the target
+    vocabulary's; training records it); block_size: the K it was trained for (a larger K
+    is refused: those outputs were never trained). catch_up and tree_candidates are as
+    ParallelDraft's.
+    """
+
+    params: dict | None = dataclasses.field(default=None, compare=False, hash=False, repr=False)
+    config: ModelConfig | None = None
+    feature_layers: tuple[int, ...] = ()
+    mask_token_id: int = 0
+    block_size: int = 0
+    catch_up: int = 0
+    tree_candidates: str = "sample"
+    name = "block_head"
+    supports_trees = True
+
+    def __post_init__(self):
+        if self.config is None:
+            raise ValueError("BlockHead needs its layers' config (see specjax.models.heads.head_config)")
+        object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))  # hashable
+        if not self.feature_layers:
+            raise ValueError("a block head reads the target's multi-layer states: give it feature_layers")
+        mask = self.mask_token_id
+        if isinstance(mask, bool) or not isinstance(mask, int) or not 0 <= mask < self.config.vocab_size:
+            raise ValueError(
+                f"BlockHead's mask_token_id must be a token id of the target's vocabulary "
+                f"(0 <= id < {self.config.vocab_size}), got {mask!r}"
+            )
+        if self.block_size < 1:
+            raise ValueError(f"BlockHead.block_size (the K it was trained for) must be >= 1, got {self.block_size}")
+        if self.catch_up < 0:
+            raise ValueError(f"BlockHead.catch_up must be >= 0 (0: K + 1), got {self.catch_up}")
+        if self.tree_candidates not in ("sample", "top"):
+            raise ValueError(f"BlockHead.tree_candidates must be 'sample' or 'top', got {self.tree_candidates!r}")
+
+    @property
+    def needs_features(self):
+        return self.feature_layers
+
+    def weights(self) -> Any:
+        if self.params is None:
+            raise ValueError("this BlockHead holds no weights (it is the static part of one)")
+        return self.params
+
+    def without_weights(self) -> BlockHead:
+        return dataclasses.replace(self, params=None)
+
+    def tolerating_lag(self, lag: int) -> BlockHead:
+        return dataclasses.replace(self, catch_up=max(self.catch_up, lag))
+
+    def check(self, target_config: ModelConfig, num_speculative_tokens: int) -> None:
+        for field in ("hidden_size", "vocab_size", "tie_word_embeddings"):
+            mine, theirs = getattr(self.config, field), getattr(target_config, field)
+            if mine != theirs:
+                raise ValueError(
+                    f"this block head has {field}={mine}, the target {theirs}: it was trained for another target"
+                )
+        feature_layers(self.feature_layers, target_config.num_hidden_layers)  # a ValueError naming bad ones
+        if self.params is not None:
+            want, fc = len(self.feature_layers) * self.config.hidden_size, self.params["fc"]
+            if fc.shape[0] != want:
+                raise ValueError(
+                    f"this block head's fc reads {fc.shape[0]} features, but feature_layers={self.feature_layers} "
+                    f"gives {want}: weights and config do not belong together"
+                )
+        if num_speculative_tokens > self.block_size:
+            raise ValueError(
+                f"this block head was trained for blocks of {self.block_size} drafts; "
+                f"num_speculative_tokens={num_speculative_tokens} (or a tree's depth) asks for more"
+            )
+
+    def init(self, weights, ctx: DraftContext, prompt, cache_length: int) -> BlockHeadState:
+        b, t = prompt.shape
+        features = jnp.zeros((b, cache_length, ctx.features.shape[-1]), ctx.features.dtype)
+        features = features.at[:, :t].set(ctx.features)  # [B, S, n * D]: the prompt's, by position
+        cache = init_cache(self.config, b, cache_length, dtype=ctx.cache.dtype, block_size=ctx.cache.block_size)
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        # Every prompt position; those at or past L - 1 hold nothing any query reads before a
+        # block or a later context overwrites them.
+        cache = write_context(self.config, weights, ctx.target_params, ctx.features, positions, cache)
+        return BlockHeadState(cache=cache.replace(lengths=jnp.maximum(ctx.lengths - 1, 0)), features=features)
+
+    def block_logits(self, weights, state: BlockHeadState, ctx: DraftContext, drafts: int):
+        """The one head forward of a round: (logits [B, drafts, V], state); output i is the
+        distribution of the token at position lengths + i."""
+        lengths = ctx.lengths  # [B] L
+        w = max(self.catch_up, drafts + 1)
+        last = jnp.maximum(lengths - 2, 0)[:, None]  # the last position with a target state
+
+        def context(positions, cache):  # [B, W] positions -> their K/V written
+            states = jnp.take_along_axis(state.features, positions[:, :, None], axis=1)  # [B, W, n * D]
+            return write_context(self.config, weights, ctx.target_params, states, positions, cache)
+
+        def lagging(cache):  # plain steps (adaptive K = 0) left more than W positions unwritten
+            return jnp.any(~ctx.done & (cache.lengths < lengths - 1 - w))
+
+        def resync(cache):
+            cache = context(jnp.minimum(cache.lengths[:, None] + jnp.arange(w), last), cache)
+            return cache.replace(lengths=jnp.minimum(cache.lengths + w, jnp.maximum(lengths - 1, 0)))
+
+        cache = jax.lax.while_loop(lagging, resync, state.cache)
+        committed = jnp.maximum(lengths[:, None] + jnp.arange(-w - 1, -1), 0)  # [B, W]: L-1-W .. L-2
+        block = lengths[:, None] - 1 + jnp.arange(drafts + 1)  # [B, drafts + 1]: L-1 .. L-1+drafts
+        anchor = gather_tokens(ctx.tokens, jnp.maximum(lengths - 1, 0)[:, None])  # [B, 1]
+        tokens = jnp.concatenate([anchor, jnp.full((lengths.shape[0], drafts), self.mask_token_id, jnp.int32)], 1)
+        states = jnp.take_along_axis(state.features, committed[:, :, None], axis=1)  # [B, W, n * D]
+        mask = BlockMask(start=lengths - 1, slots=block, width=drafts + 1, mode="bidirectional")
+        logits, cache = block_head_forward(
+            self.config, weights, ctx.target_params, states, committed, tokens, block, cache, mask
+        )
+        cache = cache.replace(lengths=jnp.maximum(lengths - 1, 0))  # the block's slots hold no context
+        return logits[:, 1:], state.replace(cache=cache)  # [B, drafts, V]: the masks' outputs
+
+    def propose(self, weights, state: BlockHeadState, ctx: DraftContext, key):
+        logits, state = self.block_logits(weights, state, ctx, ctx.num_speculative_tokens)  # [B, K, V]
+        if ctx.sampling.greedy:
+            return Proposal(tokens=jnp.argmax(logits, axis=-1).astype(jnp.int32), q=None), state
+        q = probabilities(logits, ctx.sampling)  # [B, K, V]: proposal i is drawn from q[:, i] alone
+        return Proposal(tokens=sample(key, q), q=q), state
+
+    def propose_tree(self, weights, state: BlockHeadState, ctx: DraftContext, key):
+        logits, state = self.block_logits(weights, state, ctx, ctx.tree.depth)  # [B, depth, V]
+        scores = logits if ctx.sampling.greedy else probabilities(logits, ctx.sampling)
+        sampled = not ctx.sampling.greedy and self.tree_candidates == "sample"
+        return cartesian_tree(ctx.tree, scores, key, sampled), state
+
+    # update_tree keeps the default (update, no K/V moved): tree nodes never enter this cache.
+
+    def update(self, weights, state: BlockHeadState, ctx: DraftContext, num_accepted):
+        features = store_verified(state.features, ctx, num_accepted)
+        # Context K/V end at the round's L - 1; the new states are written by the next round.
+        cache = state.cache.replace(lengths=jnp.minimum(state.cache.lengths, ctx.lengths - num_accepted - 2))
+        return state.replace(features=features, cache=cache)

@@ -1,0 +1,200 @@
+"""Training a DFlash-style block head (`specjax train-head` with kind: block).
+
+The network is models/block_head.py, the one the drafter (drafters/block_head.py) runs. A
+step takes one frozen target forward over a window [B, T] (its logits and the outputs of the
+feature layers, on the fly, no gradient) and one head forward over `anchors` blocks per row,
+packed: the context K/V of all T positions at slots 0..T-1, then G blocks of K + 1 tokens,
+block g = [token a_g, MASK x K] at positions a_g .. a_g + K. A per-row TreeMask lets block g
+see the context at positions below a_g (what decoding with a_g as the anchor would have
+written) and its own K + 1 tokens, all of them (bidirectional), and nothing else.
+
+Mask j (j = 1..K) of block g guesses the token at a_g + j; its teacher is the target's
+distribution for that token, softmax(logits[a_g + j - 1]) (self-distillation: the loss is
+KL(p_target || q_head), as for Medusa). Position j weighs position_decay**(j - 1) (DFlash
+weighs early positions more: a later guess counts only if every earlier one was accepted).
+
+Anchors are drawn without replacement among the positions whose first guess is a scored
+token (a user dataset's mask: training/run_data.py predicted_mask) and that leave room for
+K guesses, by Gumbel top-k from a key fixed by the batch itself: a resumed run draws the
+same anchors for the same batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specjax.drafters.block_head import BlockHead
+from specjax.models import ModelConfig, TreeMask, feature_layers, full_forward, init_cache
+from specjax.models.block_head import block_head_forward, init_block_head_params
+from specjax.models.config import LLAMA_FAMILY
+from specjax.models.heads import head_config
+
+LAYER_INITS = ("random", "target")
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockHeadConfig:
+    """`block` of a HeadTrainConfig with kind: block."""
+
+    num_layers: int = 1
+    # The layers' shape (their width is the target's); layer_init "target" takes the target's own.
+    num_attention_heads: int = 2
+    num_key_value_heads: int = 1
+    intermediate_size: int = 256
+    # "random": fresh layers; "target": copies of the target's first num_layers layers (which,
+    # like the block, read token embeddings), a start that trains in far fewer steps.
+    layer_init: str = "random"
+    # Target blocks whose outputs make the context; () takes EAGLE-3's default (HF 2, L//2, L-3),
+    # or for a target of fewer than 7 layers the first, middle and last.
+    feature_layers: tuple[int, ...] = ()
+    block_size: int = 4  # K: drafts per block (the largest K it serves)
+    anchors: int = 16  # blocks per row per step
+    position_decay: float = 0.8  # guess j weighs position_decay**(j - 1)
+    mask_token_id: int | None = None  # None: the target tokenizer's default (parallel_objective)
+
+    def __post_init__(self):
+        if self.layer_init not in LAYER_INITS:
+            raise ValueError(f"block.layer_init must be one of {', '.join(LAYER_INITS)}, got {self.layer_init!r}")
+        for name in ("num_layers", "block_size", "anchors"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"block.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.position_decay <= 1:
+            raise ValueError(f"block.position_decay must be in (0, 1], got {self.position_decay}")
+        object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))
+
+    def check_window(self, seq_len: int) -> None:
+        if seq_len < self.block_size + 2:
+            raise ValueError(f"windows of {seq_len} tokens leave no room for a block of {self.block_size} guesses")
+
+
+def default_feature_layers(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's default blocks (HF hidden_states 2, L//2, L-3), or the first, middle and
+    last block of a target too shallow for them."""
+    layers = (1, num_layers // 2 - 1, num_layers - 4)
+    if len(set(layers)) == 3 and min(layers) >= 0:
+        return layers
+    return tuple(sorted({0, num_layers // 2, num_layers - 1}))
+
+
+def draw_anchors(tokens, mask, block_size: int, anchors: int):
+    """(anchors [B, G] int32, usable [B, G] bool): a_g with room for K guesses (a + K <= T - 1)
+    whose first guess is scored (mask[:, a], mask[:, q] scoring the token at q + 1), distinct,
+    by Gumbel top-k from a key that is a function of the batch alone. A row with fewer than G
+    such positions marks the rest unusable."""
+    b, t = tokens.shape
+    valid = jnp.broadcast_to(jnp.arange(t) <= t - 1 - block_size, (b, t))
+    if mask is not None:
+        valid = valid & (mask > 0)
+    fingerprint = jnp.sum(tokens.astype(jnp.uint32) * (jnp.arange(t, dtype=jnp.uint32) * jnp.uint32(2654435761) + 1))
+    key = jax.random.fold_in(jax.random.key(0x5EED), fingerprint)
+    scores = jnp.where(valid, jax.random.gumbel(key, (b, t)), -jnp.inf)
+    top, chosen = jax.lax.top_k(scores, min(anchors, t))  # [B, G]
+    return chosen.astype(jnp.int32), jnp.isfinite(top)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockLoss:
+    """(target_params, head_params, tokens [B, T], mask=None) -> (loss, (kl per guess [K],
+    accuracy per guess [K])): the jitted step's loss, hashable (a static argument)."""
+
+    config: ModelConfig  # the head's N-layer config
+    target_config: ModelConfig
+    layers: tuple[int, ...]
+    block: BlockHeadConfig
+    mask_token_id: int
+
+    def __call__(self, target_params, params, tokens, mask=None):
+        k, g = self.block.block_size, self.block.anchors
+        b, t = tokens.shape
+        logits, states = jax.lax.stop_gradient(full_forward(self.target_config, target_params, tokens, self.layers))
+        anchors, usable = draw_anchors(tokens, mask, k, g)  # [B, G]
+        g = anchors.shape[1]
+        offsets = jnp.arange(k + 1)
+        positions = (anchors[:, :, None] + offsets).reshape(b, g * (k + 1))  # [B, G(K+1)]
+        first = jnp.take_along_axis(tokens, anchors, axis=1)  # [B, G]: the anchors' tokens
+        block = jnp.where(offsets == 0, first[:, :, None], self.mask_token_id).reshape(b, g * (k + 1))
+        # Slots: the context at 0..T-1 (slot = position), block g's tokens at T + g(K+1) + i.
+        slots = t + jnp.arange(g * (k + 1))
+        group = jnp.repeat(jnp.arange(g), k + 1)  # [G(K+1)]: each block token's block
+        sees_context = jnp.arange(t)[None, None, :] < jnp.repeat(anchors, k + 1, axis=1)[:, :, None]
+        sees_block = jnp.broadcast_to(group[:, None] == group[None, :], (b, g * (k + 1), g * (k + 1)))
+        visible = jnp.concatenate([sees_context, sees_block], axis=2)  # [B, G(K+1), T + G(K+1)]
+        tree = TreeMask(
+            start=jnp.zeros((b,), jnp.int32), slots=jnp.broadcast_to(slots, (b, slots.size)), visible=visible
+        )
+        cache = init_cache(self.config, b, t + g * (k + 1))
+        context = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        head, _ = block_head_forward(
+            self.config, params, target_params, states, context, block, positions, cache, tree
+        )  # [B, G(K+1), V]
+        head = head.reshape(b, g, k + 1, -1)[:, :, 1:]  # [B, G, K, V]: the masks' guesses
+        # Guess j of block g: the token at a + j, whose target distribution is logits[a + j - 1].
+        at = (anchors[:, :, None] + offsets[:-1]).reshape(b, g * k)  # [B, G K]
+        teacher = jax.nn.log_softmax(jnp.take_along_axis(logits, at[:, :, None], axis=1), axis=-1)
+        teacher = teacher.reshape(b, g, k, -1)  # [B, G, K, V]
+        student = jax.nn.log_softmax(head, axis=-1)
+        kl = jnp.sum(jnp.exp(teacher) * (teacher - jnp.where(jnp.isfinite(student), student, -1e9)), axis=-1)
+        scored = usable[:, :, None].astype(kl.dtype)  # [B, G, 1]
+        if mask is not None:
+            scored = scored * jnp.take_along_axis(mask, at, axis=1).reshape(b, g, k).astype(kl.dtype)
+        scored = jnp.broadcast_to(scored, kl.shape)  # [B, G, K]
+        decay = jnp.asarray(self.block.position_decay, kl.dtype) ** jnp.arange(k, dtype=kl.dtype)
+        weights = scored * decay
+        loss = jnp.sum(kl * weights) / jnp.maximum(jnp.sum(weights), 1e-6)
+        count = jnp.maximum(jnp.sum(scored, axis=(0, 1)), 1.0)  # [K]
+        agree = (jnp.argmax(head, axis=-1) == jnp.argmax(teacher, axis=-1)).astype(kl.dtype)
+        return loss, (jnp.sum(kl * scored, axis=(0, 1)) / count, jnp.sum(agree * scored, axis=(0, 1)) / count)
+
+
+def init_block_params(head: ModelConfig, block: BlockHeadConfig, target_config, target_params, layers, seed: int):
+    """The head's initial params: fresh, or with the target's first layers (layer_init target)."""
+    params = init_block_head_params(head, len(layers), seed, target_params)
+    if block.layer_init == "target":
+        params["layers"] = {i: jax.tree.map(jnp.array, target_params["layers"][i]) for i in range(block.num_layers)}
+    return params
+
+
+def head_layer_shape(block: BlockHeadConfig, target_config: ModelConfig) -> tuple[int, int, int]:
+    """(heads, kv heads, intermediate size) of the head's layers: the target's own with
+    layer_init target (its layers are copied), else the configured ones."""
+    if block.layer_init == "target":
+        c = target_config
+        if c.model_type not in LLAMA_FAMILY or c.attention_bias or c.o_proj_bias or c.mlp_bias:
+            raise ValueError(
+                f"block.layer_init target copies plain Llama layers; a {c.model_type} target's "
+                "(biases, other norms) are not the head's: use layer_init random"
+            )
+        if block.num_layers > target_config.num_hidden_layers:
+            raise ValueError(
+                f"block.layer_init target copies {block.num_layers} layers of a "
+                f"{target_config.num_hidden_layers}-layer target"
+            )
+        return c.num_attention_heads, c.num_key_value_heads, c.intermediate_size
+    return block.num_attention_heads, block.num_key_value_heads, block.intermediate_size
+
+
+def block_head_start(block: BlockHeadConfig, target, seed: int):
+    """(initial params, params -> BlockHead, the loss) for training a block head of `target`
+    (a Model); the drafter is the one the saved head loads as (drafters/head_io.py)."""
+    from specjax.training.parallel_objective import default_mask_token_id
+
+    target_config = target.config
+    num = target_config.num_hidden_layers
+    layers = feature_layers(block.feature_layers, num) if block.feature_layers else default_feature_layers(num)
+    heads, kv, intermediate = head_layer_shape(block, target_config)
+    head = head_config(target_config, heads, kv, intermediate).replace(num_hidden_layers=block.num_layers)
+    mask_id = block.mask_token_id
+    if mask_id is None:
+        mask_id = default_mask_token_id(target.tokenizer, target_config.vocab_size)
+
+    def as_head(params):
+        return BlockHead(
+            params=params, config=head, feature_layers=layers, mask_token_id=mask_id, block_size=block.block_size
+        )
+
+    as_head(None).check(target_config, block.block_size)  # a bad mask id or layer fails before any training
+    initial = init_block_params(head, block, target_config, target.params, layers, seed)
+    return initial, as_head, BlockLoss(head, target_config, layers, block, mask_id)
