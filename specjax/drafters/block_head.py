@@ -101,6 +101,20 @@ class BlockHead(Drafter):
         return dataclasses.replace(self, catch_up=max(self.catch_up, lag))
 
     def check(self, target_config: ModelConfig, num_speculative_tokens: int) -> None:
+        self._check_target(target_config)
+        self._check_drafts(num_speculative_tokens, "num_speculative_tokens")
+
+    def check_tree(self, target_config: ModelConfig, tree) -> None:
+        self._check_target(target_config)
+        self._check_drafts(tree.depth, "a tree's depth")  # one block guess per depth
+
+    def _check_drafts(self, drafts: int, what: str) -> None:
+        if drafts > self.block_size:
+            raise ValueError(
+                f"this block head was trained for blocks of {self.block_size} drafts; {what} {drafts} asks for more"
+            )
+
+    def _check_target(self, target_config: ModelConfig) -> None:
         for field in ("hidden_size", "vocab_size", "tie_word_embeddings"):
             mine, theirs = getattr(self.config, field), getattr(target_config, field)
             if mine != theirs:
@@ -115,11 +129,6 @@ class BlockHead(Drafter):
                     f"this block head's fc reads {fc.shape[0]} features, but feature_layers={self.feature_layers} "
                     f"gives {want}: weights and config do not belong together"
                 )
-        if num_speculative_tokens > self.block_size:
-            raise ValueError(
-                f"this block head was trained for blocks of {self.block_size} drafts; "
-                f"num_speculative_tokens={num_speculative_tokens} (or a tree's depth) asks for more"
-            )
 
     def init(self, weights, ctx: DraftContext, prompt, cache_length: int) -> BlockHeadState:
         b, t = prompt.shape

@@ -95,6 +95,32 @@ def draw_anchors(tokens, mask, block_size: int, anchors: int):
     return chosen.astype(jnp.int32), jnp.isfinite(top)
 
 
+def packed_blocks(config: ModelConfig, params, target_params, states, tokens, anchors, k: int, mask_token_id: int):
+    """The head's guesses for G blocks per row in one forward -> logits [B, G, K, V].
+
+    states [B, T, n * D]: the target's block outputs over tokens [B, T]; anchors [B, G]:
+    block g is [token a_g, MASK x K] at positions a_g .. a_g + K and sees the context below
+    a_g and itself, as a decoding round at length a_g + 1 sees it (drafters/block_head.py).
+    """
+    b, t = tokens.shape
+    g = anchors.shape[1]
+    offsets = jnp.arange(k + 1)
+    positions = (anchors[:, :, None] + offsets).reshape(b, g * (k + 1))  # [B, G(K+1)]
+    first = jnp.take_along_axis(tokens, anchors, axis=1)  # [B, G]: the anchors' tokens
+    block = jnp.where(offsets == 0, first[:, :, None], mask_token_id).reshape(b, g * (k + 1))
+    # Slots: the context at 0..T-1 (slot = position), block g's tokens at T + g(K+1) + i.
+    slots = jnp.broadcast_to(t + jnp.arange(g * (k + 1)), (b, g * (k + 1)))
+    group = jnp.repeat(jnp.arange(g), k + 1)  # [G(K+1)]: each block token's block
+    sees_context = jnp.arange(t)[None, None, :] < jnp.repeat(anchors, k + 1, axis=1)[:, :, None]
+    sees_block = jnp.broadcast_to(group[:, None] == group[None, :], (b, g * (k + 1), g * (k + 1)))
+    visible = jnp.concatenate([sees_context, sees_block], axis=2)  # [B, G(K+1), T + G(K+1)]
+    tree = TreeMask(start=jnp.zeros((b,), jnp.int32), slots=slots, visible=visible)
+    cache = init_cache(config, b, t + g * (k + 1))
+    context = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    logits, _ = block_head_forward(config, params, target_params, states, context, block, positions, cache, tree)
+    return logits.reshape(b, g, k + 1, -1)[:, :, 1:]  # [B, G, K, V]: the masks' guesses
+
+
 @dataclasses.dataclass(frozen=True)
 class BlockLoss:
     """(target_params, head_params, tokens [B, T], mask=None) -> (loss, (kl per guess [K],
@@ -108,29 +134,12 @@ class BlockLoss:
 
     def __call__(self, target_params, params, tokens, mask=None):
         k, g = self.block.block_size, self.block.anchors
-        b, t = tokens.shape
+        b = tokens.shape[0]
         logits, states = jax.lax.stop_gradient(full_forward(self.target_config, target_params, tokens, self.layers))
         anchors, usable = draw_anchors(tokens, mask, k, g)  # [B, G]
         g = anchors.shape[1]
+        head = packed_blocks(self.config, params, target_params, states, tokens, anchors, k, self.mask_token_id)
         offsets = jnp.arange(k + 1)
-        positions = (anchors[:, :, None] + offsets).reshape(b, g * (k + 1))  # [B, G(K+1)]
-        first = jnp.take_along_axis(tokens, anchors, axis=1)  # [B, G]: the anchors' tokens
-        block = jnp.where(offsets == 0, first[:, :, None], self.mask_token_id).reshape(b, g * (k + 1))
-        # Slots: the context at 0..T-1 (slot = position), block g's tokens at T + g(K+1) + i.
-        slots = t + jnp.arange(g * (k + 1))
-        group = jnp.repeat(jnp.arange(g), k + 1)  # [G(K+1)]: each block token's block
-        sees_context = jnp.arange(t)[None, None, :] < jnp.repeat(anchors, k + 1, axis=1)[:, :, None]
-        sees_block = jnp.broadcast_to(group[:, None] == group[None, :], (b, g * (k + 1), g * (k + 1)))
-        visible = jnp.concatenate([sees_context, sees_block], axis=2)  # [B, G(K+1), T + G(K+1)]
-        tree = TreeMask(
-            start=jnp.zeros((b,), jnp.int32), slots=jnp.broadcast_to(slots, (b, slots.size)), visible=visible
-        )
-        cache = init_cache(self.config, b, t + g * (k + 1))
-        context = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        head, _ = block_head_forward(
-            self.config, params, target_params, states, context, block, positions, cache, tree
-        )  # [B, G(K+1), V]
-        head = head.reshape(b, g, k + 1, -1)[:, :, 1:]  # [B, G, K, V]: the masks' guesses
         # Guess j of block g: the token at a + j, whose target distribution is logits[a + j - 1].
         at = (anchors[:, :, None] + offsets[:-1]).reshape(b, g * k)  # [B, G K]
         teacher = jax.nn.log_softmax(jnp.take_along_axis(logits, at[:, :, None], axis=1), axis=-1)
