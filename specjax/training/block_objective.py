@@ -115,7 +115,9 @@ def packed_blocks(config: ModelConfig, params, target_params, states, tokens, an
     sees_block = jnp.broadcast_to(group[:, None] == group[None, :], (b, g * (k + 1), g * (k + 1)))
     visible = jnp.concatenate([sees_context, sees_block], axis=2)  # [B, G(K+1), T + G(K+1)]
     tree = TreeMask(start=jnp.zeros((b,), jnp.int32), slots=slots, visible=visible)
-    cache = init_cache(config, b, t + g * (k + 1))
+    # One block of slots: attention over the whole cache at once (the blockwise path's
+    # fori_loop has traced bounds, which reverse-mode differentiation cannot go through).
+    cache = init_cache(config, b, t + g * (k + 1), block_size=t + g * (k + 1))
     context = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     logits, _ = block_head_forward(config, params, target_params, states, context, block, positions, cache, tree)
     return logits.reshape(b, g, k + 1, -1)[:, :, 1:]  # [B, G, K, V]: the masks' guesses
