@@ -5,7 +5,8 @@ its own process). For every mesh it asserts, and prints one JSON line of what it
   - plain and speculative (draft model, sharded or replicated) greedy tokens == unsharded;
   - full-forward logits within 1e-5 of unsharded (fp32);
   - param and cache leaves really split as the layout says (shard shapes, not specs only);
-  - a second call with the same shapes compiles nothing.
+  - a second call with the same shapes compiles nothing;
+  - on one mesh, the parallel drafters (ParallelDraft, BlockHead) also give plain's tokens.
 Mode "distributed" (two processes of 4 devices, see tests/test_sharding.py) prints the plain
 tokens only: the speculative loop is the same SPMD program kind, and the test must stay short.
 """
@@ -137,6 +138,7 @@ def run_meshes() -> None:
             flush=True,
         )
     check_loading(target, make_mesh(2, 4))
+    check_parallel_drafters(target, draft, make_mesh(2, 4), ref_plain)
     print(json.dumps({"tokens": ref_plain, "spec_tokens": ref_spec.tokens}), flush=True)
 
 
@@ -173,6 +175,28 @@ def check_loading(target, mesh) -> None:
         assert a.sharding.is_equivalent_to(b.sharding, a.ndim)
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-7)
     print(json.dumps({"loading": "ok", "reads": len(loading.READS)}), flush=True)
+
+
+def check_parallel_drafters(target, draft, mesh, ref_plain) -> None:
+    """ParallelDraft (a sharded draft) and a BlockHead (its weights as given, the target
+    sharded) on a (2, 4) mesh: greedy output equals unsharded plain greedy."""
+    from specjax.models.block_head import init_block_head_params
+    from specjax.models.heads import head_config
+
+    st = shard_model(target, mesh)
+    layers = (0, 1)
+    head = head_config(TARGET, 2, 1, 64).replace(num_hidden_layers=1)
+    params = init_block_head_params(head, len(layers), 0, target.params)
+    drafters = {
+        "parallel_draft": specjax.ParallelDraft(shard_model(draft, mesh), DRAFT.vocab_size - 1),
+        "block_head": specjax.BlockHead(
+            params=params, config=head, feature_layers=layers, mask_token_id=TARGET.vocab_size - 1, block_size=K
+        ),
+    }
+    for name, drafter in drafters.items():
+        out = specjax.generate(st, PROMPTS, CONFIG, draft=drafter, speculative=SPEC)
+        assert out.tokens == ref_plain, (name, out.tokens, ref_plain)
+    print(json.dumps({"parallel_drafters": sorted(drafters)}), flush=True)
 
 
 def run_distributed(process_id: int, port: int) -> None:

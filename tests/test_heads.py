@@ -266,7 +266,9 @@ def test_kill_9_during_head_training_then_resume(target_dir, tmp_path):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("name", ["stdlib-medusa", "stdlib-eagle", "stdlib-eagle3", "stdlib-eagle3-published"])
+@pytest.mark.parametrize(
+    "name", ["stdlib-medusa", "stdlib-eagle", "stdlib-eagle3", "stdlib-eagle3-published", "stdlib-block-head"]
+)
 def test_embedded_heads_decode_exactly_and_are_accepted(name):
     """The shipped heads, on the target they were trained for: greedy output equals plain
     greedy with a chain and with a tree, and they are accepted well beyond chance."""

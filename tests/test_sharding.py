@@ -50,7 +50,8 @@ def unsharded():
 
 
 def test_every_mesh_matches_unsharded(unsharded):
-    """(1,8), (2,4), (4,2), (8,1): tokens, logits, layouts, no recompiles, slice loading."""
+    """(1,8), (2,4), (4,2), (8,1): tokens, logits, layouts, no recompiles, slice loading; the
+    parallel drafters on (2,4)."""
     done = subprocess.run([sys.executable, WORKER, "meshes"], env=_env(8), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     lines = _json_lines(done.stdout)
@@ -59,6 +60,7 @@ def test_every_mesh_matches_unsharded(unsharded):
     assert all(line["ok"] and line["logit_err"] <= 1e-5 and line["recompiles"] == 0 for line in lines if "mesh" in line)
     assert {line["draft"] for line in lines if "mesh" in line} == {"sharded", "replicated"}
     assert any(line.get("loading") == "ok" for line in lines)
+    assert any(line.get("parallel_drafters") == ["block_head", "parallel_draft"] for line in lines)
     # The 8-device process computed the same unsharded reference as this 1-device one.
     assert lines[-1]["tokens"] == unsharded and lines[-1]["spec_tokens"] == unsharded
 
