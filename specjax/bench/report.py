@@ -97,6 +97,8 @@ def _columns(name: str, rows: list[dict]) -> list[str]:
 def _cell(value):
     if isinstance(value, float):
         return f"{value:.4g}"
+    if isinstance(value, list) and all(isinstance(v, float) for v in value):
+        return json.dumps([float(f"{v:.3g}") for v in value])  # a profile, e.g. acceptance per position
     if isinstance(value, list | dict):
         return json.dumps(value)
     return value

@@ -3,7 +3,8 @@
 Every method drafts K tokens per round for the same target on the same prompts, at each
 temperature, and plain decoding at that temperature is timed in the same round-robin, so
 each speedup is a ratio measured side by side. Reported per method, temperature and
-prompt category (and pooled, "all"): mean acceptance length, acceptance rate, tokens/s,
+prompt category (and pooled, "all"): mean acceptance length, acceptance rate, acceptance
+per draft position (how fast it falls with depth), tokens/s,
 speedup vs plain, the draft's share of a round, and for prompt lookup the share of
 rounds in which it found no match (and proposed a token it expects to be rejected).
 
@@ -180,6 +181,7 @@ EXPERIMENT = Experiment(
         "speedup_vs_plain_paired",
         "mean_acceptance_length",
         "acceptance_rate",
+        "accepted_per_position",
         "draft_time_share",
         "no_match_share",
         "output_matches_plain",
