@@ -90,7 +90,7 @@ class Attention(nnx.Module):
     def keys_values(self, x, positions, layer: int):
         """x [B, T, D], positions [B, T] -> (k, v) [B, T, n_kv, d_head] as this layer caches
         them (biased, k normed and rotated). A DFlash-style block head projects the target's
-        context features through it (models/block_head.py)."""
+        context features through it (models/block_net.py)."""
         cfg = self.config
         k = jnp.einsum("btd,dgk->btgk", x, self.k_proj[...])  # [B, T, n_kv, d_head]
         v = jnp.einsum("btd,dgk->btgk", x, self.v_proj[...])  # [B, T, n_kv, d_head]

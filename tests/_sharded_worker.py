@@ -180,7 +180,7 @@ def check_loading(target, mesh) -> None:
 def check_parallel_drafters(target, draft, mesh, ref_plain) -> None:
     """ParallelDraft (a sharded draft) and a BlockHead (its weights as given, the target
     sharded) on a (2, 4) mesh: greedy output equals unsharded plain greedy."""
-    from specjax.models.block_head import init_block_head_params
+    from specjax.models.block_net import init_block_head_params
     from specjax.models.heads import head_config
 
     st = shard_model(target, mesh)

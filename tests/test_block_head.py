@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from conftest import RAGGED_PROMPTS, TARGET_CONFIG, scaled_model
 from specjax.models import full_forward
-from specjax.models.block_head import init_block_head_params
+from specjax.models.block_net import init_block_head_params
 from specjax.models.heads import head_config
 from test_parallel_draft import with_eos  # noqa: F401 (a fixture)
 from test_sampling import PROMPT, _exact_joint

@@ -1,6 +1,6 @@
 """A DFlash-style block head as a drafter: K proposals from one non-causal head forward.
 
-The network (models/block_head.py) reads the target's multi-layer states as its context and
+The network (models/block_net.py) reads the target's multi-layer states as its context and
 fills a block [last committed token, MASK x K] in one pass; its K mask outputs are the
 proposals. A round at length L (tokens 0..L-1 committed, the target's states known up to
 L - 2: token L - 1 is the last round's bonus, not yet run through the target):
@@ -35,7 +35,7 @@ from specjax.drafters.base import DraftContext, Drafter, Proposal
 from specjax.drafters.eagle import store_verified
 from specjax.drafters.medusa import cartesian_tree
 from specjax.models import BlockMask, KVCache, ModelConfig, feature_layers, init_cache
-from specjax.models.block_head import block_head_forward, write_context
+from specjax.models.block_net import block_head_forward, write_context
 
 
 @struct.dataclass

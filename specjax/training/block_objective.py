@@ -1,6 +1,6 @@
 """Training a DFlash-style block head (`specjax train-head` with kind: block).
 
-The network is models/block_head.py, the one the drafter (drafters/block_head.py) runs. A
+The network is models/block_net.py, the one the drafter (drafters/block_head.py) runs. A
 step takes one frozen target forward over a window [B, T] (its logits and the outputs of the
 feature layers, on the fly, no gradient) and one head forward over `anchors` blocks per row,
 packed: the context K/V of all T positions at slots 0..T-1, then G blocks of K + 1 tokens,
@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from specjax.drafters.block_head import BlockHead
 from specjax.models import ModelConfig, TreeMask, feature_layers, full_forward, init_cache
-from specjax.models.block_head import block_head_forward, init_block_head_params
+from specjax.models.block_net import block_head_forward, init_block_head_params
 from specjax.models.config import LLAMA_FAMILY
 from specjax.models.heads import head_config
 
