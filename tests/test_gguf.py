@@ -314,21 +314,31 @@ def test_smollm2_matches_transformers_on_two_chat_prompts(smollm2):
     assert "Paris" in ours.tokenizer.decode(out.tokens[0])
 
 
-@pytest.mark.parametrize("name", ["smollm2-eagle3", "smollm2-draft", "smollm2-pard-draft"])
-def test_smollm2s_shipped_drafters_decode_exactly(smollm2, name):
+@pytest.fixture(scope="module")
+def smollm2_plain(smollm2):
+    """Plain greedy output on the two prompts, once for every drafter test."""
+    model, prompts = smollm2
+    return specjax.generate(model, prompts, specjax.GenerationConfig(max_new_tokens=16)).tokens
+
+
+@pytest.mark.parametrize("name", ["smollm2-eagle3", "smollm2-draft", "smollm2-pard-draft", "smollm2-block-head"])
+def test_smollm2s_shipped_drafters_decode_exactly(smollm2, smollm2_plain, name):
     """The drafters trained for SmolLM2 here (models/pretrained/, their model cards): greedy
     output with each equals plain greedy output token for token, on a ragged batch. The
-    PARD draft runs as a ParallelDraft with the mask id it records, at the K it was trained for."""
+    PARD draft runs as a ParallelDraft with the mask id it records, the block head at the
+    block size it was trained for (4)."""
     model, prompts = smollm2
-    settings = specjax.GenerationConfig(max_new_tokens=16)
-    plain = specjax.generate(model, prompts, settings)
     drafter = specjax.load_drafter(name, model) if name in embedded_heads() else specjax.load_model(name)
-    k = 5
+    k = 4 if name == "smollm2-block-head" else 5
     if name.endswith("pard-draft"):
         drafter, k = specjax.ParallelDraft(drafter), 4
         assert drafter.mask_token_id == 0
     spec = specjax.generate(
-        model, prompts, settings, draft=drafter, speculative=specjax.SpeculativeConfig(num_speculative_tokens=k)
+        model,
+        prompts,
+        specjax.GenerationConfig(max_new_tokens=16),
+        draft=drafter,
+        speculative=specjax.SpeculativeConfig(num_speculative_tokens=k),
     )
-    assert spec.tokens == plain.tokens
+    assert spec.tokens == smollm2_plain
     assert spec.stats.rounds > 0 and spec.stats.drafted_tokens > 0
