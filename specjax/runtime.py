@@ -55,17 +55,23 @@ def cache_clears() -> int:
     return _guard["clears"]
 
 
-def bound_live_programs() -> bool:
-    """Clear JAX's caches if this process's memory mappings near vm.max_map_count.
+def bound_live_programs(headroom: float = MAP_HEADROOM) -> bool:
+    """Clear JAX's caches if this process's memory mappings near vm.max_map_count (fewer
+    than `headroom` of it left).
 
-    Cheap when nothing compiled since the last check (an integer comparison), so timed
-    launches pay nothing. Returns whether it cleared.
+    At the default headroom it is cheap when nothing compiled since the last check (an
+    integer comparison), so timed launches pay nothing; another headroom always reads the
+    mappings (the cost probe asks for more room before compiling a round-robin's programs).
+    Returns whether it cleared.
     """
-    if MAP_HEADROOM <= 0 or _guard["compiles"] == _guard["checked"]:
+    if MAP_HEADROOM <= 0:
         return False
-    _guard["checked"] = _guard["compiles"]
+    if headroom == MAP_HEADROOM:  # the launch-time check: skipped while nothing compiled since the last
+        if _guard["compiles"] == _guard["checked"]:
+            return False
+        _guard["checked"] = _guard["compiles"]
     mappings = memory_mappings()
-    if mappings is None or mappings[0] < (1.0 - MAP_HEADROOM) * mappings[1]:
+    if mappings is None or mappings[0] < (1.0 - headroom) * mappings[1]:
         return False
     jax.block_until_ready(jax.live_arrays())  # no program may be running while it is freed
     jax.clear_caches()

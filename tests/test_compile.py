@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import jax
+import jax.numpy as jnp
 import pytest
 from conftest import RAGGED_PROMPTS
 
@@ -148,3 +149,19 @@ def test_fill_changes_do_not_recompile_blockwise_attention(target, compiles):
     specjax.generate(target, [[3] * 31, [4] * 17], specjax.GenerationConfig(max_new_tokens=60, cache=cache))
     specjax.generate(target, [[5] * 18, [6] * 2], specjax.GenerationConfig(max_new_tokens=50, seed=2, cache=cache))
     assert len(_generation_compiles(compiles)) == first
+
+
+def test_the_cost_probes_headroom_clears_even_when_the_launch_check_just_passed():
+    """bound_live_programs at the default headroom skips while nothing compiled since its last
+    check; the cost probe's wider headroom reads the mappings anyway and frees live programs
+    (the SmolLM2 E8 probe died in LLVM's section allocator when it did not)."""
+    from specjax import runtime
+
+    f = jax.jit(lambda x: x + 1)
+    f(jnp.ones(3))
+    runtime.bound_live_programs()  # the launch-time check: records the compile count
+    assert not runtime.bound_live_programs()  # nothing compiled since: skipped without reading
+    before = runtime.cache_clears()
+    assert f._cache_size() == 1
+    assert runtime.bound_live_programs(headroom=1.0)  # "less than all of the limit left": clear
+    assert runtime.cache_clears() == before + 1 and f._cache_size() == 0

@@ -22,6 +22,7 @@ from specjax.drafters import Drafter, as_drafter
 from specjax.engine.timed_loops import TimedLoop, draft_model_of
 from specjax.io.model import Model
 from specjax.models import ModelConfig, forward, init_cache
+from specjax.runtime import bound_live_programs
 
 # Tables read by gathering a few rows, not streamed whole through a matrix product.
 _LOOKUP_TABLES = ("embed", "position_embed")
@@ -143,6 +144,11 @@ class CostTable:
 
     def _measure_loops(self, loops: list[tuple]) -> None:
         timed_loops = {loop.key: loop for loop in map(lambda spec: TimedLoop(*spec), loops)}
+        # Every program of a round-robin must be alive at once, and nothing frees them while
+        # it runs: free what earlier runs left (an experiment's end-to-end generations) before
+        # compiling them, unless most of vm.max_map_count is still free. SmolLM2's E8 probe
+        # (11 rounds, 10 proposals) died in LLVM's section allocator without this.
+        bound_live_programs(headroom=0.75)
         calls = {key: loop.call(self.inner) for key, loop in timed_loops.items() if key not in self._seconds}
         times = interleaved(calls, self.repeats, warmup=1)
         self._seconds.update({key: median(t) / self.inner for key, t in times.items()})
