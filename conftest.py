@@ -19,6 +19,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from sybil import Sybil
+from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser
+
 # One XLA compilation cache for the whole run: the pytest process, its xdist workers (they
 # inherit the environment) and every subprocess a test starts (CLI runs, kill -9 resumes,
 # 8-device workers). Most of the suite's time is XLA:CPU compiling the same tiny programs
@@ -31,9 +34,13 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # tiny programs compile in < 1 s
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-
-from sybil import Sybil
-from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser
+# The programs are tiny, so XLA:CPU spends far longer optimising their machine code than
+# running it: at LLVM's optimisation level 0 the bench fixture takes 73 s instead of 115 s.
+# The flag sets only LLVM's level; XLA's HLO passes (fusion, layouts) run as for a user.
+# Performance is measured by `specjax bench` and scripts/, never here.
+_NO_LLVM_OPT = "--xla_backend_optimization_level=0"
+if _NO_LLVM_OPT not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_NO_LLVM_OPT}".strip()
 
 ROOT = Path(__file__).resolve().parent
 _NOT_REPEATED = ("pip", "python3", "python -m pytest", ".", "cd", "source", "git")
