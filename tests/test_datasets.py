@@ -157,7 +157,7 @@ def test_bad_records_are_reported_by_line(tokenizer, tmp_path):
         "{not json",  # 2
         "[1, 2]",  # 3
         {"text": "a document in a chat file"},  # 4
-        {"messages": [{"role": "tool", "content": "42"}, *CHAT[:2]]},  # 5
+        {"messages": [{"role": "narrator", "content": "42"}, *CHAT[:2]]},  # 5
         {"messages": [CHAT[0], {"role": "assistant", "content": "  "}]},  # 6
         {"messages": [CHAT[0]]},  # 7
         "",  # 8: blank, not a record
@@ -193,7 +193,7 @@ def test_bad_records_are_reported_by_line(tokenizer, tmp_path):
         "invalid_message": (11,),
     }
     assert "a system message must come first" in report.bad_details["template_error"]
-    assert "'tool'" in report.bad_details["unknown_role"]
+    assert "'narrator'" in report.bad_details["unknown_role"]
     assert sum(report.used.values()) == 2
     assert [r.line for r in datasets.load_dataset(DatasetConfig(path=path), tokenizer).records] == [1, 12]
     assert "template_error: 1 (lines [9]" in report.summary()

@@ -50,14 +50,19 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def target_dir(tokenizer, tmp_path_factory):
     """A tiny random Llama with the ChatML tokenizer, saved as an HF directory."""
+    return save_tiny_target(tokenizer, tmp_path_factory.mktemp("target"))
+
+
+def save_tiny_target(tokenizer, path, eos_boost: float = EOS_BOOST) -> str:
+    """A tiny random Llama with `tokenizer`, saved as an HF directory at `path` (<|im_end|>'s
+    output weights x `eos_boost`)."""
     config = TARGET_CONFIG.replace(vocab_size=len(tokenizer), max_position_embeddings=512)
     # conftest's scaled_model in numpy: init_model would compile for this vocabulary (seconds).
     rng = np.random.default_rng(0)
     shapes = jax.eval_shape(lambda: specjax.init_model(config, 0).params)
     params = jax.tree.map(lambda x: rng.normal(0, 0.16, x.shape) if x.ndim > 1 else np.ones(x.shape), shapes)
-    params["lm_head"][:, tokenizer.convert_tokens_to_ids(TURN_END)] *= EOS_BOOST
+    params["lm_head"][:, tokenizer.convert_tokens_to_ids(TURN_END)] *= eos_boost
     params = jax.tree.map(lambda x, s: jnp.asarray(x, s.dtype), params, shapes)
-    path = tmp_path_factory.mktemp("target")
     specjax.save_model(specjax.Model(config, params, tokenizer), path)
     return str(path)
 
@@ -67,12 +72,14 @@ def target(target_dir):
     return specjax.load_model(target_dir)
 
 
-def greedy_answer(target, messages) -> tuple[str, bool]:
+def greedy_answer(target, messages, tools=None) -> tuple[str, bool]:
     """What plain greedy `specjax.generate` answers to `messages` (rendered with the generation
-    prompt), and whether it ended at <|im_end|>."""
+    prompt, and `tools` if given), and whether it ended at <|im_end|>."""
     tokenizer = target.tokenizer
+    extra = {"tools": tools} if tools else {}
     ids = tokenizer.encode(
-        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), add_special_tokens=False
+        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra),
+        add_special_tokens=False,
     )
     end = tokenizer.convert_tokens_to_ids(TURN_END)
     config = specjax.GenerationConfig(max_new_tokens=MAX_NEW, eos_token_id=end)
@@ -181,7 +188,7 @@ def test_bad_records_are_reported_by_line(target_dir, tmp_path):
     rows = [
         {"messages": CHAT[:1]},  # 1: good
         "{not json",  # 2
-        {"messages": [{"role": "tool", "content": "42"}, CHAT[0]]},  # 3
+        {"messages": [{"role": "narrator", "content": "42"}, CHAT[0]]},  # 3
         {"messages": [*CHAT[:2], SYSTEM, CHAT[2]]},  # 4: the template raises (system not first)
         {"messages": [{"role": "assistant", "content": "Hello."}, CHAT[0]]},  # 5
         "",  # 6: blank, not a record

@@ -104,9 +104,10 @@ def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("any_target")
     save_tiny_chat_target(root / "target")
     rows = [json.dumps(chat(i)) for i in range(120)]
-    rows[5], rows[9] = "{not json", json.dumps({"messages": [{"role": "tool", "content": "42"}]})
+    rows[5], rows[9] = "{not json", json.dumps({"messages": [{"role": "narrator", "content": "42"}]})
     (root / "chats.jsonl").write_text("\n".join(rows) + "\n")
-    (root / "bad.jsonl").write_text("{not json\n" + json.dumps({"messages": [{"role": "tool", "content": "4"}]}) + "\n")
+    unknown = json.dumps({"messages": [{"role": "narrator", "content": "4"}]})
+    (root / "bad.jsonl").write_text("{not json\n" + unknown + "\n")
     return root / "target", root / "chats.jsonl", root / "bad.jsonl"
 
 

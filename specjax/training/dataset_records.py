@@ -4,11 +4,18 @@ Formats, detected per file from its first JSON object (or set by `DatasetConfig.
   text             JSONL {"text": ...}: a document; every token is trained on.
   prompt_response  JSONL {"prompt": ..., "response": ..., "system": ... (optional)}: a user
                    turn and the assistant's reply.
-  messages         JSONL {"messages": [{"role": "system" | "user" | "assistant", "content": ...}]}
-                   (OpenAI style; content a string, or a list of {"type": "text", "text"} parts,
-                   joined; a part of another type, an image, makes the record invalid_message).
+  messages         JSONL {"messages": [{"role": "system" | "user" | "assistant" | "tool",
+                   "content": ...}], "tools": [...] (optional)} (OpenAI style; content a string,
+                   or a list of {"type": "text", "text"} parts, joined; a part of another type,
+                   an image, makes the record invalid_message). Tool use as OpenAI writes it:
+                   an assistant turn may carry "tool_calls" (a non-empty list; its content may
+                   then be null or absent), a tool turn "tool_call_id" and "name"; these and
+                   the record's "tools" go to the chat template as they are, which renders them
+                   its own way (or rejects them: template_error). Tool-call turns are assistant
+                   turns and are trained on; tool turns, like user turns, are not.
   conversations    JSONL {"conversations": [{"from": "system" | "human" | "gpt", "value": ...}]}
-                   (ShareGPT; "user" and "assistant" are accepted for "human" and "gpt").
+                   (ShareGPT; "user" and "assistant" are accepted for "human" and "gpt",
+                   "tool" and "observation" read as a tool turn).
   plain            a text file (.txt, .md, .text; or a file not named .jsonl, .ndjson or .json
                    whose first line is not JSON):
                    paragraphs (split at blank lines) grouped into documents of at least
@@ -41,18 +48,23 @@ BAD_REASONS = (
     "assistant_first",  # the chat opens with an assistant turn: no prompt to render before it
     "template_error",  # the chat template rejected the chat (the report keeps its message)
     "template_not_prefix_stable",  # a rendered prefix does not tokenize to a prefix of the chat
+    "template_drops_tools",  # the template leaves a tool call or a tool definition out
     "empty_after_mask",  # nothing left to train on
 )
 _ROLES = {
-    "messages": {"system": "system", "user": "user", "assistant": "assistant"},
+    "messages": {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool"},
     "conversations": {
         "system": "system",
         "human": "user",
         "user": "user",
         "gpt": "assistant",
         "assistant": "assistant",
+        "tool": "tool",
+        "observation": "tool",  # LLaMA-Factory's ShareGPT name for a tool's output
     },
 }
+# OpenAI's tool-use keys of a turn, passed to the chat template as they are.
+_TOOL_KEYS = {"assistant": ("tool_calls",), "tool": ("tool_call_id", "name")}
 _TURN_KEYS = {"messages": ("role", "content"), "conversations": ("from", "value")}
 _PLAIN_SUFFIXES = (".txt", ".md", ".text")
 
@@ -62,7 +74,8 @@ class Record:
     line: int  # 1-based; plain text: the line of the document's first paragraph
     split_key: str  # what split_of hashes: the record's content, less its assistant turns
     text: str | None = None  # a document (text, plain)
-    messages: tuple[dict, ...] | None = None  # a chat: {role: system | user | assistant, content}
+    messages: tuple[dict, ...] | None = None  # a chat: {role: system | user | assistant | tool, content, ...}
+    tools: tuple[dict, ...] | None = None  # a chat's tool definitions (OpenAI "tools"), for the template
 
 
 class BadRecord(Exception):
@@ -114,14 +127,60 @@ def _messages(obj: dict, fmt: str, answers_optional: bool = False) -> list[dict]
         raise BadRecord("missing_field", f"no non-empty list {fmt!r}")
     messages = []
     for turn in turns:
-        if fmt == "messages" and isinstance(turn, dict) and isinstance(turn.get(content_key), list):
-            turn = {**turn, content_key: _text_parts(turn[content_key])}
-        if not isinstance(turn, dict) or role_key not in turn or not isinstance(turn.get(content_key), str):
+        read = _openai_turn(turn) if fmt == "messages" and isinstance(turn, dict) else turn
+        if not isinstance(read, dict) or role_key not in read or not isinstance(read.get(content_key), str):
             raise BadRecord("invalid_message", json.dumps(turn, ensure_ascii=False)[:80])
+        turn = read
         if turn[role_key] not in _ROLES[fmt]:
             raise BadRecord("unknown_role", f"{role_key} {turn[role_key]!r}")
-        messages.append({"role": _ROLES[fmt][turn[role_key]], "content": turn[content_key]})
+        role = _ROLES[fmt][turn[role_key]]
+        extra = {k: turn[k] for k in _TOOL_KEYS.get(role, ()) if k in turn} if fmt == "messages" else {}
+        messages.append({"role": role, "content": turn[content_key], **extra})
     return messages
+
+
+def _openai_turn(turn: dict) -> dict | None:
+    """An OpenAI turn with its content as one string: text parts joined; "" for an assistant
+    turn that only calls tools (content null or absent); None (an invalid message) for a part
+    that is not text or malformed tool-use keys."""
+    if isinstance(turn.get("content"), list):
+        turn = {**turn, "content": _text_parts(turn["content"])}
+    calls = turn.get("tool_calls")
+    if calls is not None:
+        if turn.get("role") != "assistant" or not isinstance(calls, list) or not calls:
+            return None
+        if not all(isinstance(c, dict) for c in calls):
+            return None
+        turn = {**turn, "tool_calls": [_call_arguments(c) for c in calls]}
+        if turn.get("content") is None:  # null or absent: the turn only calls tools
+            turn = {**turn, "content": ""}
+    if any(k in turn and not isinstance(turn[k], str) for k in _TOOL_KEYS["tool"]):
+        return None
+    return turn
+
+
+def _call_arguments(call: dict) -> dict:
+    """A tool call with OpenAI's JSON-string "arguments" parsed to the object chat templates
+    expect (as vLLM does before rendering); arguments that are not a JSON object stay as given."""
+    function = call.get("function")
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    if not isinstance(arguments, str):
+        return call
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return call
+    return {**call, "function": {**function, "arguments": parsed}} if isinstance(parsed, dict) else call
+
+
+def _tools(obj: dict, fmt: str) -> tuple[dict, ...] | None:
+    """The record's tool definitions (OpenAI "tools": a list of objects), if it has any."""
+    tools = obj.get("tools") if fmt == "messages" else None
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise BadRecord("missing_field", "'tools' is not a list of objects")
+    return tuple(tools) or None
 
 
 def _text_parts(parts: list) -> str | None:
@@ -146,13 +205,18 @@ def _record(number: int, obj, fmt: str, answers_optional: bool = False) -> Recor
         raise BadRecord("no_assistant_turn", f"roles {[m['role'] for m in messages]}")
     if messages[0]["role"] == "assistant":  # transformers renders no empty chat, so no prefix before it
         raise BadRecord("assistant_first", "the first turn is the assistant's")
-    if not answers_optional and any(m["role"] == "assistant" and not m["content"].strip() for m in messages):
+    if not answers_optional and any(_blank_answer(m) for m in messages):
         raise BadRecord("empty_text", "an assistant turn is blank")
     # The split key leaves the assistant turns out, so regenerating the answers keeps the split;
     # it is the same for a chat in any of the chat formats.
     asked = [[m["role"], m["content"]] for m in messages if m["role"] != "assistant"]
     key = json.dumps(asked or [[m["role"], m["content"]] for m in messages], ensure_ascii=False)
-    return Record(number, key, messages=tuple(messages))
+    return Record(number, key, messages=tuple(messages), tools=_tools(obj, fmt))
+
+
+def _blank_answer(message: dict) -> bool:
+    """An assistant turn with no text and no tool call: nothing to train on."""
+    return message["role"] == "assistant" and not message["content"].strip() and not message.get("tool_calls")
 
 
 def read_records(

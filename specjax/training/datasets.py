@@ -112,16 +112,28 @@ def _text_tokens(tokenizer, text: str) -> tuple[list[int], np.ndarray]:
     return ids, np.ones(len(ids), bool)
 
 
-def _chat_tokens(tokenizer, messages: tuple[dict, ...]) -> tuple[list[int], np.ndarray, str]:
-    """Token ids, loss mask and prompt (up to the last assistant turn) of one chat."""
+def render_chat(tokenizer, messages, tools=None, add_generation_prompt: bool = False) -> str:
+    """A chat rendered by the tokenizer's template; `tools` (OpenAI tool definitions) only when
+    the chat has any, so a template or tokenizer that takes none is called as before."""
+    extra = {"tools": list(tools)} if tools else {}
+    return tokenizer.apply_chat_template(
+        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+    )
+
+
+def _chat_tokens(tokenizer, messages: tuple[dict, ...], tools=None) -> tuple[list[int], np.ndarray, str]:
+    """Token ids, loss mask and prompt (up to the last assistant turn) of one chat. Every
+    assistant turn is trained on, a tool-calling one too: whatever its template renders
+    between the generation prompt and the end of the turn."""
     turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
     try:  # the template is the user's code: whatever it raises rejects the chat
-        texts = [tokenizer.apply_chat_template(list(messages), tokenize=False)]
+        texts = [render_chat(tokenizer, messages, tools)]
         for k in turns:
-            texts.append(tokenizer.apply_chat_template(list(messages[:k]), tokenize=False, add_generation_prompt=True))
-            texts.append(tokenizer.apply_chat_template(list(messages[: k + 1]), tokenize=False))
+            texts.append(render_chat(tokenizer, messages[:k], tools, add_generation_prompt=True))
+            texts.append(render_chat(tokenizer, messages[: k + 1], tools))
     except Exception as e:
         raise BadRecord("template_error", f"{type(e).__name__}: {e}"[:120]) from None
+    check_tools_rendered(messages, tools, turns, texts)
     full, *prefixes = _encode_many(tokenizer, texts, add_special_tokens=False)  # the template holds the specials
     mask = np.zeros(len(full), bool)
     eos = tokenizer.eos_token_id
@@ -134,6 +146,39 @@ def _chat_tokens(tokenizer, messages: tuple[dict, ...]) -> tuple[list[int], np.n
     if not mask.any():
         raise BadRecord("empty_after_mask", "the assistant turns add no token")
     return full, mask, texts[-2]
+
+
+def _function_name(item: dict) -> str | None:
+    """The function name of an OpenAI tool call or tool definition ({"function": {"name"}})."""
+    function = item.get("function")
+    name = function.get("name") if isinstance(function, dict) else item.get("name")
+    return name if isinstance(name, str) and name else None
+
+
+def check_tools_rendered(messages, tools, turns, texts) -> None:
+    """A template that knows no tool use renders a calling turn as an empty answer and leaves
+    the tools out, silently: every named call of the assistant turns `turns` must appear in its
+    turn's rendering and every named tool in the chat's. `texts`: the whole chat, then for each
+    of `turns` the chat before it (with the generation prompt) and up to it."""
+    for k, before, after in zip(turns, texts[1::2], texts[2::2], strict=True):
+        rendered = after[len(before) :] if after.startswith(before) else after
+        for call in messages[k].get("tool_calls") or ():
+            if (name := _function_name(call)) is not None and name not in rendered:
+                raise BadRecord("template_drops_tools", f"message {k} calls {name!r}; the template does not render it")
+    for tool in tools or ():
+        if (name := _function_name(tool)) is not None and name not in texts[0]:
+            raise BadRecord("template_drops_tools", f"tool {name!r} is not in the template's rendering")
+
+
+def check_chat_tools(tokenizer, messages, tools) -> None:
+    """check_tools_rendered for a chat to answer (`specjax regenerate`): its calls and tools."""
+    calls = [k for k, m in enumerate(messages) if m.get("tool_calls")]
+    if not calls and not tools:
+        return
+    texts = [render_chat(tokenizer, messages, tools)]
+    for k in calls:
+        texts += [render_chat(tokenizer, messages[:k], tools, True), render_chat(tokenizer, messages[: k + 1], tools)]
+    check_tools_rendered(messages, tools, calls, texts)
 
 
 class _Keyed:
@@ -186,7 +231,7 @@ def _load(file_key: tuple, keyed: _Keyed, fmt: str, chunk_chars: int, report_lin
             if isinstance(record, BadRecord):
                 raise record
             if record.messages is not None:
-                ids, mask, prompt = _chat_tokens(tokenizer, record.messages)
+                ids, mask, prompt = _chat_tokens(tokenizer, record.messages, record.tools)
             else:
                 (ids, mask), prompt = _text_tokens(tokenizer, record.text), None
         except BadRecord as e:

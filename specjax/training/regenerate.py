@@ -10,7 +10,11 @@ turn of a chat is replaced:
   messages / conversations: each assistant turn in order, generated from the chat before it
                    with the earlier turns already regenerated, rendered with the tokenizer's chat
                    template (add_generation_prompt=True); a chat that ends with a user (or
-                   system) turn gets an answer to it appended.
+                   system, or tool) turn gets an answer to it appended. Tool use (OpenAI's
+                   "tool_calls", tool turns, the record's "tools"): an assistant turn that calls
+                   tools is kept as written, since the tool outputs after it answer that call,
+                   and only the text answers are regenerated; "tools" goes to the template and
+                   is written back with the chat.
   text / plain     documents have no prompt: each is a bad record ("not_a_chat").
 Bad records (specjax/training/dataset_records.py's reasons, plus REGENERATE_REASONS) are
 counted and reported by line; a file with no usable record is a ValueError.
@@ -57,10 +61,12 @@ from specjax.configs import parse_yaml
 from specjax.drafters import make_drafter
 from specjax.io.presets import load_model
 from specjax.training.dataset_records import BAD_REASONS, FORMATS, BadRecord, detect_format, read_records
+from specjax.training.datasets import check_chat_tools, render_chat
 
 REGENERATE_REASONS = (
     "not_a_chat",  # a text document: nothing to answer
     "prompt_too_long",  # the prompt + max_new_tokens (+ K + 1) runs past the target's positions
+    "ends_in_tool_call",  # the chat ends waiting for a tool's output: no answer to write
 )
 # End-of-turn tokens of common chat templates: generation stops at them as at EOS.
 _TURN_ENDS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>")
@@ -126,7 +132,8 @@ class RegenerateConfig:
 class _Chat:
     line: int
     messages: tuple[dict, ...]  # the source chat, ending with an assistant turn (empty if appended)
-    turns: tuple[int, ...]  # indices of the assistant turns, each generated in order
+    turns: tuple[int, ...]  # indices of the assistant turns to generate, in order (not tool calls)
+    tools: tuple[dict, ...] | None = None  # the record's tool definitions, for the template
 
 
 class _Report:
@@ -150,8 +157,8 @@ class _Report:
         }
 
 
-def _render(tokenizer, messages) -> list[int]:
-    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+def _render(tokenizer, messages, tools=None) -> list[int]:
+    text = render_chat(tokenizer, messages, tools, add_generation_prompt=True)
     return tokenizer.encode(text, add_special_tokens=False)  # the template holds the special tokens
 
 
@@ -174,9 +181,16 @@ def _read_chats(config: RegenerateConfig, tokenizer, max_prompt: int, report: _R
             messages = [*system, *messages]
         if messages[-1]["role"] != "assistant":
             messages.append({"role": "assistant", "content": ""})  # the answer to the last prompt
-        turns = tuple(k for k, m in enumerate(messages) if m["role"] == "assistant")
+        if messages[-1].get("tool_calls"):
+            report.add(line, "ends_in_tool_call", "the last turn calls a tool; no tool output follows")
+            continue
+        turns = tuple(k for k, m in enumerate(messages) if m["role"] == "assistant" and not m.get("tool_calls"))
         try:  # the template is the user's code: whatever it raises rejects the chat
-            longest = max(len(_render(tokenizer, messages[:k])) for k in turns)
+            longest = max(len(_render(tokenizer, messages[:k], record.tools)) for k in turns)
+            check_chat_tools(tokenizer, messages[: turns[-1]], record.tools)
+        except BadRecord as bad:
+            report.add(line, bad.reason, bad.detail)
+            continue
         except Exception as e:
             report.add(line, "template_error", f"{type(e).__name__}: {e}"[:120])
             continue
@@ -184,7 +198,7 @@ def _read_chats(config: RegenerateConfig, tokenizer, max_prompt: int, report: _R
         if longest > max_prompt:
             report.add(line, "prompt_too_long", f"{longest} prompt tokens, at most {max_prompt} fit")
             continue
-        chats.append(_Chat(line, tuple(messages), turns))
+        chats.append(_Chat(line, tuple(messages), turns, record.tools))
     return fmt, read, chats
 
 
@@ -290,7 +304,12 @@ def regenerate(config: RegenerateConfig, progress: bool = True, stop_after: int 
                 break
             answers, batch_tokens = answerer(batch)
             lines = [
-                {"source_line": chat.line, "messages": messages, "regenerated": {**settings, "finished": ended_all}}
+                {
+                    "source_line": chat.line,
+                    "messages": messages,
+                    **({"tools": list(chat.tools)} if chat.tools else {}),
+                    "regenerated": {**settings, "finished": ended_all},
+                }
                 for chat, (messages, ended_all) in zip(batch, answers, strict=True)
                 if messages is not None and chat.line > last  # lines up to `last` are there already
             ]
@@ -360,7 +379,7 @@ class _Answerer:
             for i, chat in enumerate(batch):
                 if not alive[i] or turn >= len(chat.turns):
                     continue
-                ids = _render(tokenizer, chats[i][: chat.turns[turn]])
+                ids = _render(tokenizer, chats[i][: chat.turns[turn]], chat.tools)
                 if len(ids) > self.max_prompt:  # the regenerated earlier answers are longer than the source's
                     alive[i] = False
                     self.report.add(chat.line, "prompt_too_long", "a turn after the regenerated earlier answers")
