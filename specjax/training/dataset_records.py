@@ -147,9 +147,8 @@ def _openai_turn(turn: dict) -> dict | None:
         turn = {**turn, "content": _text_parts(turn["content"])}
     calls = turn.get("tool_calls")
     if calls is not None:
-        if turn.get("role") != "assistant" or not isinstance(calls, list) or not calls:
-            return None
-        if not all(isinstance(c, dict) for c in calls):
+        valid = turn.get("role") == "assistant" and isinstance(calls, list) and calls
+        if not valid or not all(isinstance(c, dict) for c in calls):
             return None
         turn = {**turn, "tool_calls": [_call_arguments(c) for c in calls]}
         if turn.get("content") is None:  # null or absent: the turn only calls tools

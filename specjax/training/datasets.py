@@ -121,16 +121,22 @@ def render_chat(tokenizer, messages, tools=None, add_generation_prompt: bool = F
     )
 
 
+def _turn_texts(tokenizer, messages, tools, turns) -> list[str]:
+    """The whole chat rendered, then for each turn k of `turns` the chat before it (with the
+    generation prompt) and the chat up to it: what tells a turn's own tokens apart."""
+    texts = [render_chat(tokenizer, messages, tools)]
+    for k in turns:
+        texts += [render_chat(tokenizer, messages[:k], tools, True), render_chat(tokenizer, messages[: k + 1], tools)]
+    return texts
+
+
 def _chat_tokens(tokenizer, messages: tuple[dict, ...], tools=None) -> tuple[list[int], np.ndarray, str]:
     """Token ids, loss mask and prompt (up to the last assistant turn) of one chat. Every
     assistant turn is trained on, a tool-calling one too: whatever its template renders
     between the generation prompt and the end of the turn."""
     turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
     try:  # the template is the user's code: whatever it raises rejects the chat
-        texts = [render_chat(tokenizer, messages, tools)]
-        for k in turns:
-            texts.append(render_chat(tokenizer, messages[:k], tools, add_generation_prompt=True))
-            texts.append(render_chat(tokenizer, messages[: k + 1], tools))
+        texts = _turn_texts(tokenizer, messages, tools, turns)
     except Exception as e:
         raise BadRecord("template_error", f"{type(e).__name__}: {e}"[:120]) from None
     check_tools_rendered(messages, tools, turns, texts)
@@ -158,8 +164,7 @@ def _function_name(item: dict) -> str | None:
 def check_tools_rendered(messages, tools, turns, texts) -> None:
     """A template that knows no tool use renders a calling turn as an empty answer and leaves
     the tools out, silently: every named call of the assistant turns `turns` must appear in its
-    turn's rendering and every named tool in the chat's. `texts`: the whole chat, then for each
-    of `turns` the chat before it (with the generation prompt) and up to it."""
+    turn's rendering and every named tool in the chat's (`texts`: _turn_texts of `turns`)."""
     for k, before, after in zip(turns, texts[1::2], texts[2::2], strict=True):
         rendered = after[len(before) :] if after.startswith(before) else after
         for call in messages[k].get("tool_calls") or ():
@@ -173,12 +178,8 @@ def check_tools_rendered(messages, tools, turns, texts) -> None:
 def check_chat_tools(tokenizer, messages, tools) -> None:
     """check_tools_rendered for a chat to answer (`specjax regenerate`): its calls and tools."""
     calls = [k for k, m in enumerate(messages) if m.get("tool_calls")]
-    if not calls and not tools:
-        return
-    texts = [render_chat(tokenizer, messages, tools)]
-    for k in calls:
-        texts += [render_chat(tokenizer, messages[:k], tools, True), render_chat(tokenizer, messages[: k + 1], tools)]
-    check_tools_rendered(messages, tools, calls, texts)
+    if calls or tools:
+        check_tools_rendered(messages, tools, calls, _turn_texts(tokenizer, messages, tools, calls))
 
 
 class _Keyed:
