@@ -35,11 +35,11 @@ def main() -> None:
     big = 1e3  # seconds: a K that costs this is never chosen after the first round
     adaptive = specjax.AdaptiveConfig
     calls = {
-        "plain": specjax.prepare(target, prompts, specjax.GenerationConfig(max_new_tokens=args.new)),
+        "plain": specjax.prepare(target, prompts, specjax.GenerationConfig(max_new_tokens=args.new, ignore_eos=True)),
         "adaptive K=0, 2 candidates": specjax.prepare(
             target,
             prompts,
-            specjax.GenerationConfig(max_new_tokens=args.new),
+            specjax.GenerationConfig(max_new_tokens=args.new, ignore_eos=True),
             draft=draft,
             speculative=specjax.SpeculativeConfig(
                 num_speculative_tokens=4, adaptive=adaptive(ks=(0, 4), costs={0: 1.0, 4: big}, probe_budget=1.0)
@@ -48,7 +48,7 @@ def main() -> None:
         "adaptive K=0, 5 candidates": specjax.prepare(
             target,
             prompts,
-            specjax.GenerationConfig(max_new_tokens=args.new),
+            specjax.GenerationConfig(max_new_tokens=args.new, ignore_eos=True),
             draft=draft,
             speculative=specjax.SpeculativeConfig(
                 num_speculative_tokens=8,
@@ -58,14 +58,14 @@ def main() -> None:
         "adaptive, random draft, measured costs": specjax.prepare(
             target,
             prompts,
-            specjax.GenerationConfig(max_new_tokens=args.new),
+            specjax.GenerationConfig(max_new_tokens=args.new, ignore_eos=True),
             draft=random_draft,
             speculative=specjax.SpeculativeConfig(num_speculative_tokens=8, adaptive=True),
         ),
         "static K=4, random draft": specjax.prepare(
             target,
             prompts,
-            specjax.GenerationConfig(max_new_tokens=args.new),
+            specjax.GenerationConfig(max_new_tokens=args.new, ignore_eos=True),
             draft=random_draft,
             speculative=specjax.SpeculativeConfig(num_speculative_tokens=4),
         ),

@@ -117,14 +117,14 @@ def main() -> None:
     # Every method returns (new token ids, stats). specjax device_gets its results, and torch
     # on CPU is synchronous, so a call's wall time is completed work in both frameworks.
     def specjax_plain():
-        out = specjax.generate(target, [ids], specjax.GenerationConfig(max_new_tokens=n, eos_token_id=None))
+        out = specjax.generate(target, [ids], specjax.GenerationConfig(max_new_tokens=n, ignore_eos=True))
         return out.tokens[0], out.stats
 
     def specjax_speculative():
         out = specjax.generate(
             target,
             [ids],
-            specjax.GenerationConfig(max_new_tokens=n, eos_token_id=None),
+            specjax.GenerationConfig(max_new_tokens=n, ignore_eos=True),
             draft=draft,
             speculative=specjax.SpeculativeConfig(num_speculative_tokens=k),
         )

@@ -36,6 +36,7 @@ import jax.extend.backend
 import specjax
 from specjax import runtime as output_module
 from specjax.bench.compiles import compiled_programs
+from specjax.drafters import PromptLookup
 from specjax.engine import prompts as prompts_module
 
 PAIRS = 4
@@ -112,7 +113,7 @@ def _run(case: dict, pairs) -> tuple[specjax.GenerationOutput, tuple]:
         prepared = specjax.prepare(target, case["prompts"], config)
         k = 0
     else:
-        drafter = draft if case["method"] == "draft_model" else specjax.PromptLookup()
+        drafter = draft if case["method"] == "draft_model" else PromptLookup()
         k = case["k"]
         speculative = specjax.SpeculativeConfig(num_speculative_tokens=k)
         prepared = specjax.prepare(target, case["prompts"], config, draft=drafter, speculative=speculative)

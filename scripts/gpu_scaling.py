@@ -122,7 +122,7 @@ def main() -> None:
         drafts = {"replicated": replicate_model(draft, mesh)}
         with contextlib.suppress(ValueError):  # a draft whose heads do not split: replicated only
             drafts["sharded"] = shard_model(draft, mesh)
-        plain = specjax.prepare(st, prompts, specjax.GenerationConfig(max_new_tokens=args.new))
+        plain = specjax.prepare(st, prompts, specjax.GenerationConfig(max_new_tokens=args.new, ignore_eos=True))
         tokens = plain.run().tokens
         reference = reference or tokens
         row = {"mesh": f"{d}x{m}", "data": d, "model": m, "greedy_matches_1x1": tokens == reference}
@@ -133,7 +133,7 @@ def main() -> None:
             spec = specjax.prepare(
                 st,
                 prompts,
-                specjax.GenerationConfig(max_new_tokens=args.new),
+                specjax.GenerationConfig(max_new_tokens=args.new, ignore_eos=True),
                 draft=dm,
                 speculative=specjax.SpeculativeConfig(num_speculative_tokens=args.k),
             )

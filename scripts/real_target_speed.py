@@ -2,7 +2,7 @@
 
 Greedy, batch 1, chat prompts (rewrite, summarize, explain, code from configs/prompts/stdlib_chat/,
 in the tokenizer's ChatML template; the same ids on both sides), exactly --max-new-tokens new
-tokens (specjax eos_token_id=None; transformers eos_token_id=None plus min_new_tokens), K=4:
+tokens (specjax ignore_eos=True; transformers eos_token_id=None plus min_new_tokens), K=4:
   1. plain: specjax.generate vs model.generate(do_sample=False), fp32 (with --bf16 also bfloat16);
   2. weight bytes/s of specjax plain decoding (batch 1: every token reads the whole params
      pytree, so param bytes x tokens/s) as a fraction of this machine's memcpy bandwidth
@@ -39,6 +39,7 @@ import transformers
 from transformers import AutoModelForCausalLM
 
 import specjax
+from specjax.drafters import PromptLookup
 from specjax.io.gguf_file import packaged_path
 
 NAME, K = "smollm2-135m-instruct", 4
@@ -124,8 +125,8 @@ def main() -> None:
     prompts = _chat_prompts(models["fp32"].tokenizer, args.prompts)
     P = range(len(prompts))
 
-    config = specjax.GenerationConfig(max_new_tokens=n, eos_token_id=None)
-    sj_lookup = dict(draft=specjax.PromptLookup(max_ngram=3, min_ngram=1))
+    config = specjax.GenerationConfig(max_new_tokens=n, ignore_eos=True)
+    sj_lookup = dict(draft=PromptLookup(max_ngram=3, min_ngram=1))
     sj_lookup["speculative"] = specjax.SpeculativeConfig(num_speculative_tokens=K)
     hf_kwargs = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None)
     hf_lookup = dict(prompt_lookup_num_tokens=K, max_matching_ngram_size=3)

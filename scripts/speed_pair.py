@@ -51,13 +51,13 @@ def main() -> None:
     # Each generate call ends with a device_get of its results, so timing the call is
     # timing completed work; the first call of each signature compiles and is discarded.
     def plain():
-        return specjax.generate(target, prompts, specjax.GenerationConfig(max_new_tokens=n))
+        return specjax.generate(target, prompts, specjax.GenerationConfig(max_new_tokens=n, ignore_eos=True))
 
     def speculative(k):
         return specjax.generate(
             target,
             prompts,
-            specjax.GenerationConfig(max_new_tokens=n),
+            specjax.GenerationConfig(max_new_tokens=n, ignore_eos=True),
             draft=draft,
             speculative=specjax.SpeculativeConfig(num_speculative_tokens=k),
         )

@@ -14,27 +14,53 @@ name (vLLM's `method` / `model`). `config` (a GenerationConfig) says how to gene
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
+from collections.abc import Mapping
 
 from specjax.config import GenerationConfig, SpeculativeConfig
 from specjax.core.state import LoopState
 from specjax.drafters import Drafter, as_drafter, make_drafter
+from specjax.engine.costs import resolve_costs
 from specjax.engine.generation import jit_init_state, jit_round, prepared_generation
 from specjax.engine.generation import state_output as _state_output
 from specjax.engine.output import GenerationOutput, PreparedGeneration
 from specjax.engine.plan import plan_generation
-from specjax.io.model import Model
+from specjax.io.model import Model, init_model
+from specjax.models import ModelConfig
 
 # The keyword arguments of the entry points before GenerationConfig (specjax/legacy.py), with their defaults.
 _DEFAULTS = dict(max_new_tokens=64, temperature=0.0, top_k=None, top_p=None, seed=0, eos_token_id=None)
 
 
-def build_drafter(target: Model, speculative: SpeculativeConfig, seed: int = 0) -> Drafter:
-    """The drafter a SpeculativeConfig names (models by name load here; random presets draw
-    their weights with seed + 1, as the CLI does)."""
+def load_drafter(
+    spec: str | SpeculativeConfig | Mapping,
+    target: Model | ModelConfig | None = None,
+    *,
+    load=None,
+    seed: int = 0,
+    **fields,
+) -> Drafter:
+    """Any drafter by name, with one call: `load_drafter("smollm2-eagle3", target)`.
+
+    spec: a name (a shipped drafter, "prompt-lookup", "layer-skip:N", a model name, a local
+    directory: its own files say what kind it is), a mapping as in bench configs
+    ({method: ngram, prompt_lookup_max: 3}), or a SpeculativeConfig; `fields` override the
+    spec's fields (e.g. allow_transfer=True). target: the Model the drafter serves (a head
+    is checked against it: a Model's weights, a ModelConfig's config only). load: how model
+    names load (default `specjax.load_model`, random presets drawn with seed + 1, as the CLI).
+    """
     from specjax.io.presets import load_model
 
-    return make_drafter(speculative.drafter_spec(), lambda name: load_model(name, seed=seed + 1), target)
+    spec = SpeculativeConfig.parse(spec)
+    if fields:
+        spec = spec.replace(**fields)
+    if load is None:
+
+        def load(name: str | ModelConfig) -> Model:  # random presets and shapes draw with seed + 1, as the CLI
+            return init_model(name, seed=seed + 1) if isinstance(name, ModelConfig) else load_model(name, seed=seed + 1)
+
+    return make_drafter(spec, load, target)
 
 
 def _resolve(target, config, draft, speculative) -> tuple[GenerationConfig, Drafter | None, SpeculativeConfig | None]:
@@ -43,13 +69,16 @@ def _resolve(target, config, draft, speculative) -> tuple[GenerationConfig, Draf
     config = GenerationConfig() if config is None else config
     if not isinstance(config, GenerationConfig):
         raise ValueError(f"config must be a specjax.GenerationConfig, got {type(config).__name__}")
+    # From here on eos_token_id holds the ids rows stop at (None: none), the target's by default.
+    stop = config.stop_ids(target)
+    config = config.replace(eos_token_id=stop, ignore_eos=stop is None)
     if speculative is not None and not isinstance(speculative, SpeculativeConfig):
         raise ValueError(f"speculative must be a specjax.SpeculativeConfig, got {type(speculative).__name__}")
     if draft is not None:
         return config, as_drafter(draft), speculative or SpeculativeConfig()
     if speculative is None:
         return config, None, None
-    return config, build_drafter(target, speculative, config.seed), speculative
+    return config, load_drafter(speculative, target, seed=config.seed), speculative
 
 
 def prepare(
@@ -62,9 +91,11 @@ def prepare(
 ) -> PreparedGeneration:
     """Check and plan a generation once; `.run()` it, or `.launch(n)` it to time the loop."""
     config, drafter, speculative = _resolve(target, config, draft, speculative)
-    batch, plan, weights, costs = plan_generation(target, prompts, config, drafter, speculative)
-    return prepared_generation(target, batch, plan, weights, costs, config.max_new_tokens, config.eos_token_id,
-                               config.seed)  # fmt: skip
+    batch, plan, weights = plan_generation(target, prompts, config, drafter, speculative)
+    costs = resolve_costs(target, drafter, speculative, plan, batch)  # adaptive K's input, or None
+    prepared = prepared_generation(target, batch, plan, weights, None if costs is None else costs.vector,
+                                   config.max_new_tokens, config.eos_token_id, config.seed)  # fmt: skip
+    return dataclasses.replace(prepared, costs=costs)  # the call carries where its costs came from
 
 
 def generate(
@@ -103,11 +134,12 @@ def init_state(
     import jax.numpy as jnp
 
     config, drafter, speculative = _resolve(target, config, draft, speculative)
-    batch, plan, weights, costs = plan_generation(target, prompts, config, drafter, speculative)
+    batch, plan, weights = plan_generation(target, prompts, config, drafter, speculative)
+    costs = resolve_costs(target, drafter, speculative, plan, batch)  # a bare state keeps only the values
     prompt, prompt_lengths, done, eos, rng = batch.loop_inputs(config.eos_token_id, config.seed, padded=False)
     return jit_init_state(
         target.params, weights, prompt, prompt_lengths, jnp.int32(config.max_new_tokens), eos, rng, plan=plan,
-        cache_length=batch.cache_length, done=done, costs=costs,
+        cache_length=batch.cache_length, done=done, costs=None if costs is None else costs.vector,
     )  # fmt: skip
 
 
@@ -142,6 +174,7 @@ def _warn(old: str, new: str) -> None:
 def _config(values: dict) -> GenerationConfig:
     values = dict(values)
     values["cache"] = values.pop("cache_config", None)
+    values["ignore_eos"] = values.get("eos_token_id") is None  # these entry points never stopped unless told
     return GenerationConfig.at_temperature(**values)
 
 

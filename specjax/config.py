@@ -16,12 +16,14 @@ tree, the adaptive candidates, the rule) is part of the jit key: a change compil
 from __future__ import annotations
 
 import dataclasses
-import warnings
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from specjax.core.loop import DEFAULT_CACHE, CacheConfig
 from specjax.core.sampling import SamplingConfig
+from specjax.drafters import registry
+from specjax.models import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,9 +37,18 @@ class GenerationConfig:
       sampling: temperature, keep the k most likely, keep the smallest set holding top_p of
       the mass, keep tokens whose probability is >= min_p x the most likely one's. None
       turns a filter off (HF's top_k defaults to 50; here no filter is on unless you ask).
-    eos_token_id: a stop token id or a list of them; None: generate max_new_tokens.
+    eos_token_id: a stop token id or a list of them; None (the default): the target's own
+      (its tokenizer's eos_token_id), as HF's generate takes the model's.
+    ignore_eos: never stop early, always generate max_new_tokens (vLLM's name): what
+      benchmarks of fixed lengths want.
     seed: the sampling stream (traced).
     cache: the KV-cache layout (dtype, attention block, prefill chunk); None: the default.
+
+    Temperature conventions: this class follows HF (`do_sample` decides greedy or sampled;
+    `temperature` must then be > 0). The `specjax` command line and the bench configs follow
+    vLLM (temperature 0 = greedy, > 0 samples); `at_temperature(t, **fields)` converts theirs
+    to this one: `at_temperature(0.0)` is greedy, `at_temperature(0.7)` is
+    `GenerationConfig(do_sample=True, temperature=0.7)`.
     """
 
     max_new_tokens: int = 64
@@ -47,6 +58,7 @@ class GenerationConfig:
     top_p: float | None = None
     min_p: float | None = None
     eos_token_id: int | tuple[int, ...] | None = None
+    ignore_eos: bool = False
     seed: int = 0
     cache: CacheConfig = DEFAULT_CACHE
 
@@ -68,6 +80,8 @@ class GenerationConfig:
             isinstance(i, int) and i >= 0 for i in (eos if isinstance(eos, tuple) else (eos,))
         ):
             raise ValueError(f"eos_token_id must be a token id >= 0, a list of them, or None, got {eos!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos is true or false, got {self.ignore_eos!r}")
         self.sampling  # noqa: B018  (checks top_k, top_p, min_p now, not at the first call)
 
     @property
@@ -79,6 +93,14 @@ class GenerationConfig:
 
     def replace(self, **changes) -> GenerationConfig:
         return dataclasses.replace(self, **changes)
+
+    def stop_ids(self, target) -> int | tuple[int, ...] | None:
+        """The ids rows stop at on `target` (a Model): None when there are none to stop at."""
+        if self.ignore_eos:
+            return None
+        if self.eos_token_id is not None:
+            return self.eos_token_id
+        return getattr(getattr(target, "tokenizer", None), "eos_token_id", None)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> GenerationConfig:
@@ -96,106 +118,172 @@ class GenerationConfig:
         return cls(do_sample=temperature > 0, temperature=temperature if temperature > 0 else 1.0, **fields)
 
 
-# vLLM's method names first; specjax's aliases map onto them.
-METHODS = ("draft_model", "ngram", "layer_skip", "medusa", "eagle", "eagle3", "head", "fallback")
-_ALIASES = {
-    "prompt_lookup": "ngram",
-    "prompt-lookup": "ngram",
-    "draft-model": "draft_model",
-    "layer-skip": "layer_skip",
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class SpeculativeConfig:
-    """How to speculate (vLLM's names where they exist).
+    """How to speculate: the one drafter spec of the API, the CLI (`--drafter`) and bench
+    configs (`draft:`), with vLLM's names where they exist.
 
-    method: "draft_model" (`model` names the draft), "ngram" (prompt lookup, vLLM's name;
-      alias "prompt_lookup"), "layer_skip" (the target's first `layers` layers), "medusa" /
-      "eagle" / "eagle3" / "head" (a trained head: `model` is its name or directory),
-      "fallback" (`first`, then `then`, each a mapping of this kind). None: inferred from
-      `model` (a head directory or name is a head, anything else a draft model).
-    model: a model or head name (embedded, random preset) or a local directory.
+    method: the drafter kind, a key of `specjax.drafters.registry.REGISTRY`:
+      "draft_model" (`model` names the draft), "parallel_draft" (a PARD draft: K proposals
+      from one forward), "prompt_lookup" (n-gram matching), "layer_skip" (the target's first
+      `layers` layers), "head" (a trained or published Medusa / EAGLE / EAGLE-3 / block head),
+      "fallback" (`first` where it found something, `then` elsewhere). vLLM's names are
+      aliases (`registry.ALIASES`: "ngram", "eagle", "eagle3", "medusa", ...). None: read from
+      `model`, which says what it is (a head directory is a head, a draft that records a mask
+      token is a PARD draft, any other model a draft model).
+    model: a drafter or model name (shipped, packaged, random preset), a local directory, or
+      a ModelConfig (a draft model of that shape with random weights).
     num_speculative_tokens: K, the draft tokens per round (a tree replaces it).
-    prompt_lookup_min, prompt_lookup_max: the n-gram sizes prompt lookup matches.
+    prompt_lookup_min, prompt_lookup_max, prompt_lookup_prefer: prompt lookup's n-gram sizes,
+      and which match wins ("latest" or "earliest").
     layers: layer skip's depth (None: half the target's layers).
+    mask_token_id: a PARD draft's mask token (None: the one the draft records).
+    catch_up, tree_candidates: a model-backed drafter's catch-up width and tree candidates
+      ("sample" or "top"); None: the drafter's default.
+    allow_transfer: load a head for a target it was not trained for (shapes must fit).
+    aux_layers, aux_convention: which target blocks a published EAGLE-3 head reads.
+    first, then: fallback's two drafters (each a SpeculativeConfig, a mapping of one, or a name).
     tree: a specjax.Tree, a preset name, "chain:K", "full:B:D" or a list of paths.
     adaptive: choose K each round (True, a specjax.AdaptiveConfig, or a mapping of its fields).
     rule: the acceptance rule (None: greedy or rejection sampling, by the sampling).
-    allow_transfer: load a head for a target it was not trained for (shapes must fit).
-    first, then: fallback's two drafters (mappings like this one, or names).
     """
 
     method: str | None = None
-    model: str | None = None
+    model: str | ModelConfig | None = None
     num_speculative_tokens: int = 4
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
+    prompt_lookup_prefer: str | None = None
     layers: int | None = None
+    mask_token_id: int | None = None
+    catch_up: int | None = None
+    tree_candidates: str | None = None
+    allow_transfer: bool = False
+    aux_layers: tuple[int, ...] | None = None
+    aux_convention: str | None = None
+    first: Any = None
+    then: Any = None
     tree: Any = None
     adaptive: Any = False
     rule: Callable | None = None
-    allow_transfer: bool = False
-    first: Any = None
-    then: Any = None
 
     def __post_init__(self):
-        method = _ALIASES.get(self.method, self.method)
-        if method is not None and method not in METHODS:
-            raise ValueError(f"unknown speculative method {self.method!r}; choose one of {', '.join(METHODS)}")
-        object.__setattr__(self, "method", method)
+        if self.method is not None:
+            object.__setattr__(self, "method", registry.canonical(self.method))
         k = self.num_speculative_tokens
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
+        if self.model is not None and not isinstance(self.model, str | ModelConfig):
+            raise ValueError(f"model must be a name, a directory or a ModelConfig, got {self.model!r}")
+        if not isinstance(self.allow_transfer, bool):
+            raise ValueError(f"allow_transfer is true or false, got {self.allow_transfer!r}")
+        aux = self.aux_layers
+        if aux is not None:
+            if not isinstance(aux, list | tuple) or not all(isinstance(i, int) for i in aux):
+                raise ValueError(f"aux_layers is a list of block indices, got {aux!r}")
+            object.__setattr__(self, "aux_layers", tuple(aux))
+        for part in ("first", "then"):
+            if getattr(self, part) is not None:
+                object.__setattr__(self, part, SpeculativeConfig.parse(getattr(self, part), part))
         if self.tree is not None and not hasattr(self.tree, "num_nodes"):
             from specjax.trees.tree import Tree
 
             object.__setattr__(self, "tree", Tree.from_spec(self.tree))
+        if self.method is not None:
+            registry.check_arguments(self.method, self.drafter_arguments())
 
     def replace(self, **changes) -> SpeculativeConfig:
         return dataclasses.replace(self, **changes)
 
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> SpeculativeConfig:
-        """From a YAML/JSON mapping, e.g. {method: ngram, prompt_lookup_max: 3,
-        num_speculative_tokens: 6}; unknown keys are an error listing the valid ones."""
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - fields)
-        if unknown:
-            raise ValueError(f"unknown speculative config key {unknown[0]!r}; valid keys: {', '.join(sorted(fields))}")
-        return cls(**dict(data))
+    def drafter_arguments(self) -> dict[str, Any]:
+        """The drafter fields set to something other than their defaults (what the method's
+        registry entry must take), `model` included."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name in _DRAFTER_FIELDS and getattr(self, f.name) != f.default
+        }
 
-    def drafter_spec(self):
-        """This config's drafter as the name or mapping `specjax.drafters.make_drafter` takes."""
-        method = self.method
-        if method is None:
-            if self.model is None:
-                raise ValueError("a SpeculativeConfig needs a method or a model (or pass draft= directly)")
-            return self.model
-        if method == "ngram":
-            args = {"max_ngram": self.prompt_lookup_max, "min_ngram": self.prompt_lookup_min}
-            return {"kind": "prompt_lookup", **{k: v for k, v in args.items() if v is not None}}
-        if method == "layer_skip":
-            return "layer_skip" if self.layers is None else {"kind": "layer_skip", "layers": self.layers}
-        if method == "fallback":
-            if self.first is None or self.then is None:
-                raise ValueError("method 'fallback' needs `first` and `then`")
-            return {"kind": "fallback", "first": _spec(self.first), "then": _spec(self.then)}
-        if self.model is None:
-            raise ValueError(f"method {method!r} needs `model`: the name or directory of the draft or head")
-        if method == "draft_model":
-            return {"kind": "draft_model", "model": self.model}
-        return {"kind": "head", "path": self.model, "allow_transfer": self.allow_transfer}
+    @classmethod
+    def parse(cls, value, where: str = "drafter") -> SpeculativeConfig:
+        """A spec from what a user writes: a SpeculativeConfig, a mapping (YAML/JSON), a
+        ModelConfig (random weights of that shape), or a name: "prompt-lookup" / "ngram",
+        "layer-skip", "layer-skip:N", a drafter kind that needs no model, or the name or
+        directory of a drafter or model (`model`, whose own files say what it is)."""
+        if isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, ModelConfig):
+            return cls(model=value)
+        if isinstance(value, Mapping):
+            return cls.from_mapping(value, where)
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"{where}: a drafter is a name or a mapping {{method: ...}}, got {value!r}")
+        name, _, count = value.partition(":")
+        method = registry.ALIASES.get(name.replace("-", "_"), name.replace("-", "_"))
+        if method == "layer_skip" and count:
+            if not count.isdigit():
+                raise ValueError(f"{where}: layer-skip:N needs an integer N, got {value!r}")
+            return cls(method=method, layers=int(count))
+        if not count and method in registry.REGISTRY and "model" not in registry.REGISTRY[method].required:
+            return cls(method=method)  # e.g. "prompt-lookup": a kind that needs nothing more
+        return cls(model=value)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], where: str = "speculative") -> SpeculativeConfig:
+        """From a YAML/JSON mapping, e.g. {method: ngram, prompt_lookup_max: 3,
+        num_speculative_tokens: 6}. Unknown keys are an error listing the valid ones; the
+        spellings of earlier releases ({kind: ..., path: ..., max_ngram: ...}) are read as
+        the fields `_OLD_KEYS` names."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {}
+        for key, value in data.items():
+            name = _OLD_KEYS.get(key, key)
+            if name not in fields:
+                raise ValueError(f"{where}: unknown key {key!r}; valid keys: {', '.join(sorted(fields))}")
+            if name in values:
+                raise ValueError(f"{where}: {key!r} and another spelling of {name!r} are both given")
+            values[name] = value
+        if isinstance(values.get("model"), Mapping):  # a draft model's shape, random weights
+            from specjax.configs import from_dict
+
+            values["model"] = from_dict(ModelConfig, dict(values["model"]), f"{where}.model")
+        try:
+            return cls(**values)
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
+
+    def describe(self) -> str:
+        """A short name for reports: the model's name, or the set fields as a mapping."""
+        arguments = {k: v for k, v in self.drafter_arguments().items()}
+        if self.method is not None:
+            arguments = {"method": self.method, **arguments}
+        if list(arguments) == ["model"]:
+            return "random weights" if isinstance(self.model, ModelConfig) else str(self.model)
+        parts = []
+        for key, value in arguments.items():
+            if isinstance(value, SpeculativeConfig):
+                value = value.describe()
+            elif isinstance(value, ModelConfig):
+                value = "random weights"
+            parts.append(f"{key}: {value}")
+        return "{" + ", ".join(parts) + "}"
 
     def warn_unused(self) -> None:
-        if self.method not in (None, "ngram") and (self.prompt_lookup_min or self.prompt_lookup_max):
-            warnings.warn("prompt_lookup_min/max are read only by method 'ngram'", UserWarning, stacklevel=3)
+        """Kept for callers of earlier releases: unused fields are now errors at construction."""
 
 
-def _spec(value):
-    """A fallback part: a SpeculativeConfig, a mapping of one, or a drafter name."""
-    if isinstance(value, SpeculativeConfig):
-        return value.drafter_spec()
-    if isinstance(value, Mapping) and "kind" not in value:
-        return SpeculativeConfig.from_mapping(value).drafter_spec()
-    return value
+# The fields that describe the drafter (the rest say how rounds run: K, tree, adaptive, rule).
+_DRAFTER_FIELDS = frozenset(
+    {"model", "prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_prefer", "layers", "mask_token_id",
+     "catch_up", "tree_candidates", "allow_transfer", "aux_layers", "aux_convention", "first", "then"}
+)  # fmt: skip
+# Spellings of the drafter mappings of earlier releases (bench configs, --drafter), read as fields.
+_OLD_KEYS = {
+    "kind": "method",
+    "path": "model",
+    "max_ngram": "prompt_lookup_max",
+    "min_ngram": "prompt_lookup_min",
+    "prefer": "prompt_lookup_prefer",
+}

@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 import specjax
+from specjax.drafters import BlockHead, ParallelDraft
 from specjax.io.sharding import replicate_model, shard_model
 from specjax.parallel import make_mesh
 
@@ -93,7 +94,7 @@ def run_meshes() -> None:
     ref_plain = specjax.generate(target, PROMPTS, CONFIG).tokens
     ref_spec = specjax.generate(target, PROMPTS, CONFIG, draft=draft, speculative=SPEC)
     probe = np.array([p + [0] * (7 - len(p)) for p in PROMPTS], np.int32)
-    ref_logits = specjax.logits(target, probe)
+    ref_logits = specjax.io.model.logits(target, probe)
     for shape in MESHES:
         mesh = make_mesh(*shape)
         st = shard_model(target, mesh)
@@ -101,7 +102,7 @@ def run_meshes() -> None:
         replicate_draft = shape == (2, 4)  # measure both: one mesh keeps a full draft per device
         sd = replicate_model(draft, mesh) if replicate_draft else shard_model(draft, mesh)
 
-        logits = specjax.logits(st, probe)
+        logits = specjax.io.model.logits(st, probe)
         err = float(np.max(np.abs(logits - ref_logits)))
         assert err <= 1e-5, (shape, err)
 
@@ -188,8 +189,8 @@ def check_parallel_drafters(target, draft, mesh, ref_plain) -> None:
     head = head_config(TARGET, 2, 1, 64).replace(num_hidden_layers=1)
     params = init_block_head_params(head, len(layers), 0, target.params)
     drafters = {
-        "parallel_draft": specjax.ParallelDraft(shard_model(draft, mesh), DRAFT.vocab_size - 1),
-        "block_head": specjax.BlockHead(
+        "parallel_draft": ParallelDraft(shard_model(draft, mesh), DRAFT.vocab_size - 1),
+        "block_head": BlockHead(
             params=params, config=head, feature_layers=layers, mask_token_id=TARGET.vocab_size - 1, block_size=K
         ),
     }

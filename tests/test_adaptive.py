@@ -20,7 +20,7 @@ import specjax
 from specjax.core.acceptance import always_accept_rule
 from specjax.core.loop import prefill, token_buffer
 from specjax.core.sampling import SamplingConfig
-from specjax.drafters import DraftContext
+from specjax.drafters import DraftContext, DraftModel, Fallback, LayerSkip, PromptLookup
 from specjax.drafters.draft_model import resync
 from specjax.engine.adaptive import _learn
 from specjax.engine.adaptive_policy import (
@@ -45,10 +45,10 @@ CHEAP = specjax.AdaptiveConfig(costs={0: 1.0, 1: 1.1, 2: 1.2, 4: 1.4})
 
 def _drafters(noisy_draft, small_draft, target):
     return {
-        "draft_model": specjax.DraftModel(noisy_draft),
-        "prompt_lookup": specjax.PromptLookup(),
-        "layer_skip": specjax.LayerSkip(layers=1),
-        "lookup_then_model": specjax.Fallback(specjax.PromptLookup(), specjax.DraftModel(small_draft)),
+        "draft_model": DraftModel(noisy_draft),
+        "prompt_lookup": PromptLookup(),
+        "layer_skip": LayerSkip(layers=1),
+        "lookup_then_model": Fallback(PromptLookup(), DraftModel(small_draft)),
         "medusa": random_heads(TARGET_CONFIG, num_heads=4, seed=0, scale=0.5),
         "eagle": random_eagle(target, seed=0, scale=8.0),
     }

@@ -11,7 +11,7 @@ import pytest
 from test_drafters import PROMPTS
 
 import specjax
-from specjax.drafters import DraftContext
+from specjax.drafters import DraftContext, Fallback, LayerSkip, PromptLookup
 
 NEW = 24
 # Drafting K = 2 costs next to nothing, so the policy drafts whenever it is allowed to.
@@ -23,7 +23,7 @@ def _generate(model, adaptive, prompts=PROMPTS):
         model,
         prompts,
         specjax.GenerationConfig(max_new_tokens=NEW),
-        draft=specjax.PromptLookup(),
+        draft=PromptLookup(),
         speculative=specjax.SpeculativeConfig(num_speculative_tokens=2, adaptive=adaptive),
     )
 
@@ -45,11 +45,11 @@ def test_prompt_lookup_abstains_exactly_where_it_finds_no_match():
         num_speculative_tokens=2,
         sampling=None,
     )
-    lookup = specjax.PromptLookup()
+    lookup = PromptLookup()
     assert lookup.abstains((), None, ctx).tolist() == [False, True]
-    both = specjax.Fallback(lookup, lookup)
+    both = Fallback(lookup, lookup)
     assert both.abstains(((), ()), (None, None), ctx).tolist() == [False, True]
-    assert specjax.Fallback(lookup, specjax.LayerSkip(layers=1)).abstains(((), ()), (None, None), ctx) is None
+    assert Fallback(lookup, LayerSkip(layers=1)).abstains(((), ()), (None, None), ctx) is None
 
 
 def test_no_match_rounds_become_plain_steps_and_greedy_stays_plain_greedy(target, plain):

@@ -130,7 +130,7 @@ def test_bfloat16_cache_for_float32_params(target):
     assert state.target_cache.dtype == "bfloat16" and state.draft_state.cache.dtype == "bfloat16"
     # Stored as bit patterns (an in-place integer scatter on CPU), read back as bfloat16.
     assert state.target_cache.k.dtype == jnp.uint16 and state.target_cache.num_bytes * 2 == (
-        specjax.init_cache(target.config, 2, state.tokens.shape[1]).num_bytes
+        init_cache(target.config, 2, state.tokens.shape[1]).num_bytes
     )
     assert [len(t) for t in out.tokens] == [12, 12]
     with pytest.raises(ValueError, match=r"CacheConfig\.dtype must be"):

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import csv
 import json
+import shlex
 
 import jax
 import numpy as np
 import pytest
 from conftest import TARGET_CONFIG, noisy_copy, scaled_model
+from specjax.models import init_cache
 
 import specjax
 from specjax.bench import EXPERIMENTS, BenchConfig, plots, run_bench
@@ -90,7 +92,7 @@ def test_batched_rounds_wait_for_the_slowest_row():
 
 def test_kv_cache_bytes_is_the_size_of_the_real_cache():
     for config in (BYTE_CONFIG, BYTE_CONFIG.replace(dtype="bfloat16", num_key_value_heads=4)):
-        cache = specjax.init_cache(config, 3, 80)
+        cache = init_cache(config, 3, 80)
         assert kv_cache_bytes(config, 3, 80) == cache.k.nbytes + cache.v.nbytes
 
 
@@ -139,6 +141,7 @@ def test_bench_writes_results_plots_and_tables(bench):
         assert (out / experiment["csv"]).is_file()
     saved = json.loads((out / "results.json").read_text())
     assert saved["schema_version"] == 2 and saved["environment"]["backend"] == "cpu"
+    assert saved["command"] is None and "- command:" not in (out / "summary.md").read_text()  # the Python API
     assert {"tpot_ms", "mean_acceptance_length"} <= set(saved["definitions"])
     with (out / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
@@ -256,6 +259,27 @@ def test_compiled_programs_counts_compiles_not_cache_hits():
     assert compiled_programs() == before + 1
 
 
+def test_forward_timings_compile_nothing_while_timed(monkeypatch):
+    """CostTable.seconds warms up until no compile is left: its first call's cache comes back
+    donated and committed, another jit key, so with one warm-up call the first timed call
+    compiled (a median of 2 repeats was then ~1000x a forward)."""
+    from specjax.bench import cost_model
+
+    compiles = []
+
+    def timed(call):
+        before = compiled_programs()
+        jax.block_until_ready(call())
+        compiles.append(compiled_programs() - before)
+        return 1.0
+
+    monkeypatch.setattr(cost_model, "timed", timed)
+    model = scaled_model(BYTE_CONFIG.replace(num_hidden_layers=1), seed=5)  # its own programs: no cache hit
+    table = cost_model.CostTable(inner=2, repeats=3)
+    assert table.seconds(model, 1, 2, 32) == table.seconds(model, 1, 2, 32, fill=16) == 0.5  # per inner forward
+    assert compiles == [0] * 6
+
+
 def test_measured_rows_are_consistent(bench):
     rows = bench[0]["rows"]
     for row in rows:
@@ -273,6 +297,36 @@ def test_measured_rows_are_consistent(bench):
             if "draft_time_share" in row:  # E3 rows carry the cost model's breakdown
                 assert 0 < row["draft_time_share"] < 1
     assert {r["batch_size"] for r in rows if r["experiment"] == "E4"} == {1, 4}
+
+
+def test_non_forward_time_is_an_iteration_less_its_forwards_never_negative(bench):
+    """non_forward_ms_per_iteration: a loop iteration timed in isolation less its forwards timed in
+    isolation on the same cache (it was the end-to-end iteration less forwards on a full cache,
+    negative for plain decoding); a difference below zero is noise: 0, the difference recorded."""
+    iteration = {}  # (experiment, batch, K; 0 = a plain step) -> seconds, as the cost model timed it
+    for row in _experiment(bench, "k_sweep")["rows"]:
+        if "cost_round_seconds" in row:
+            iteration["E3", row["batch_size"], row["num_speculative_tokens"]] = row["cost_round_seconds"]
+            iteration["E3", row["batch_size"], 0] = row["cost_plain_step_seconds"]
+    for p in _experiment(bench, "batch_sweep")["predictions"]:
+        iteration["E4", p["batch_size"], p["num_speculative_tokens"]] = p["cost_round_seconds"]
+        iteration["E4", p["batch_size"], 0] = p["cost_plain_step_seconds"]
+    rows = [r for r in bench[0]["rows"] if "non_forward_ms_per_iteration" in r]
+    assert {r["experiment"] for r in rows} == {"E3", "E4"} and any(r["method"] == "plain" for r in rows)
+    for row in rows:
+        key = (row["experiment"], row["batch_size"], row["num_speculative_tokens"])
+        outside = 1e3 * iteration[key] - row["forward_ms_per_iteration"]
+        assert row["non_forward_ms_per_iteration"] == pytest.approx(max(outside, 0.0))
+        assert row.get("non_forward_noise_ms", 0.0) == pytest.approx(min(outside, 0.0))
+
+
+def test_every_experiments_summary_line_says_something(bench):
+    """E4's summary holds only per-batch mappings: `specjax bench` printed an empty line for it."""
+    from specjax.bench.report import summary_line
+
+    line = summary_line(_experiment(bench, "batch_sweep"))
+    assert line.startswith("predicted_speedup_by_batch={1: ") and "measured_speedup_by_batch={1: " in line
+    assert all(summary_line(e) for e in bench[0]["experiments"].values())
 
 
 def test_e1_per_position_product_reproduces_the_measured_round(bench):
@@ -346,6 +400,10 @@ def test_bench_cli_with_a_random_weight_model_config(tmp_path, capsys):
     assert main(["bench", "--config", str(config), "--out", str(tmp_path / "out"), "--no-progress", *overrides]) == 0
     assert "E6 waste" in capsys.readouterr().out
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    # The command that reruns it, in results.json and summary.md (the Python API records none).
+    command = shlex.join(["specjax", "bench", "--config", str(config), "--out", str(tmp_path / "out"), *overrides])
+    assert saved["command"] == command
+    assert f"- command: `{command}`" in (tmp_path / "out" / "summary.md").read_text()
     assert saved["models"]["target"]["name"] == "random weights"
     assert [r["width"] for r in saved["experiments"]["verify_cost"]["rows"]] == [1, 3]
     assert np.isfinite(saved["machine"]["memory_bandwidth_bytes_per_second"])

@@ -15,6 +15,7 @@ from specjax.bench import BenchConfig, run_bench
 from specjax.bench.cost_model import CostTable, round_seconds
 from specjax.bench.prompt_sets import Prompts, encode, load_prompts, read_source
 from specjax.configs import from_dict
+from specjax.drafters import PromptLookup
 from specjax.io.tokenizer import ByteTokenizer
 
 BYTES = ByteTokenizer()
@@ -71,7 +72,7 @@ def test_corpus_prompts_share_one_length_and_file_prompts_stay_whole(tmp_path):
             ValueError,
             r"bad\.jsonl, line 2: not valid JSON",
         ),
-        ("neither.jsonl", '{"text": "hi"}\n', ValueError, r"line 1: the object has neither a 'prompt' nor a 'turns'"),
+        ("neither.jsonl", '{"text": "hi"}\n', ValueError, r"line 1: the object has no 'prompt', 'turns' or 'messages' field"),
         ("list.jsonl", '["hi"]\n', ValueError, r"line 1: expected a JSON object"),
         ("turns.jsonl", '{"turns": []}\n', ValueError, r"line 1: 'turns' must be a non-empty list"),
         ("number.jsonl", '{"prompt": 3}\n', ValueError, r"line 1: the prompt must be a string"),
@@ -101,8 +102,84 @@ class ChatBytes(ByteTokenizer):
 def test_chat_template_wraps_each_prompt_or_names_the_missing_template():
     assert encode(ChatBytes(), "hi", chat_template=True) == list(b"<user>hi<assistant>")  # no extra BOS
     assert encode(ChatBytes(), "hi", chat_template=False) == BYTES.encode("hi")
-    with pytest.raises(ValueError, match=r"tokenizer \(ByteTokenizer\) has none"):
+    with pytest.raises(ValueError, match=r"tokenizer \(ByteTokenizer\) has no chat template"):
         encode(BYTES, "hi", chat_template=True)
+
+
+class TurnBytes(ByteTokenizer):
+    """A byte tokenizer whose chat template renders every turn (and tools, when given)."""
+
+    chat_template = "<{role}>{content}"
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt, tools=None):
+        assert not tokenize and add_generation_prompt
+        text = "".join(self.chat_template.format(**m) for m in messages)
+        return ("<tools>" + ",".join(t["function"]["name"] for t in tools) if tools else "") + text + "<assistant>"
+
+
+# Lines as `specjax regenerate` writes them: OpenAI `messages` ending in the regenerated answer.
+REGENERATED = [
+    {"source_line": 1, "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"},
+                                    {"role": "assistant", "content": "Hello."}], "regenerated": {"target": "t"}},
+    {"source_line": 2, "messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
+                                    {"role": "user", "content": "and 3+3?"}, {"role": "assistant", "content": "6"}],
+     "regenerated": {"target": "t"}, "category": "math"},
+    {"messages": [{"role": "user", "content": "Weather?"}], "tools": [{"type": "function", "function": {"name": "w"}}]},
+]  # fmt: skip
+
+
+def test_messages_records_are_chats_up_to_their_last_assistant_turn(tmp_path):
+    """regenerate's output is a prompt file: each chat before its final answer, rendered by the
+    chat template whether or not one was asked for (a chat means nothing as raw text)."""
+    path = _jsonl(tmp_path / "regen.jsonl", REGENERATED)
+    prompts = read_source(Prompts(file=path))
+    assert [c for c, _ in prompts] == ["regen", "math", "regen"]
+    assert [str(p) for _, p in prompts] == ["Hi?", "and 3+3?", "Weather?"]  # what a listing shows
+    assert [m["role"] for m in prompts[1][1].messages] == ["user", "assistant", "user"]
+    expected = [
+        "<system>Be brief.<user>Hi?<assistant>",
+        "<user>2+2?<assistant>4<user>and 3+3?<assistant>",
+        "<tools>w<user>Weather?<assistant>",
+    ]
+    for chat_template in (False, True):
+        loaded = load_prompts([Prompts(file=path, chat_template=chat_template)], TurnBytes())
+        assert loaded.tokens == [list(text.encode()) for text in expected]
+    with pytest.raises(ValueError, match=r"a prompt is a chat \(a 'messages' record\).*has no chat template"):
+        load_prompts([Prompts(file=path)], BYTES)
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ({"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]},
+         r"bad\.jsonl, line 2: the chat's prompt \(before its final assistant turn\) has no user turn: "
+         r"roles \['system'\]"),
+        ({"messages": [{"role": "user"}]}, r"bad\.jsonl, line 2: not a valid 'messages' chat \(invalid message"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, r"line 2: not a valid 'messages' chat \(unknown role"),
+        ({"messages": []}, r"line 2: not a valid 'messages' chat \(missing field"),
+    ],
+)  # fmt: skip
+def test_bad_messages_records_name_the_line(tmp_path, line, match):
+    path = _jsonl(tmp_path / "bad.jsonl", [REGENERATED[0], line])
+    with pytest.raises(ValueError, match=match):
+        read_source(Prompts(file=path))
+
+
+def test_generate_reads_regenerated_chats_as_templated_prompts(tmp_path):
+    """`specjax generate --prompt-file regen.jsonl`: chats become token ids through the template,
+    with or without --chat; plain --prompt strings stay strings for the engine when no chat is there."""
+    import argparse
+
+    from specjax.cli.generate import encode_prompts, read_prompts
+
+    path = _jsonl(tmp_path / "regen.jsonl", REGENERATED[:1])
+    args = argparse.Namespace(prompt=["def "], prompt_file=path)
+    texts = read_prompts(args)
+    assert texts[0] == "def " and str(texts[1]) == "Hi?"
+    for chat in (False, True):
+        ids = encode_prompts(TurnBytes(), texts, chat)
+        assert ids[1] == list(b"<system>Be brief.<user>Hi?<assistant>")
+    assert encode_prompts(TurnBytes(), ["def "], False) == ["def "]
 
 
 def test_drafter_and_prompt_config_errors_name_the_key():
@@ -233,4 +310,4 @@ def test_e8_compares_methods_per_temperature_and_category(run):
 def test_a_forward_based_draft_share_needs_a_draft_model():
     model = scaled_model(TARGET_CONFIG, seed=0)
     with pytest.raises(ValueError, match="needs a draft model, not prompt_lookup"):
-        round_seconds(CostTable(1, 1), model, specjax.PromptLookup(), 1, 2, 64, share="forwards")
+        round_seconds(CostTable(1, 1), model, PromptLookup(), 1, 2, 64, share="forwards")

@@ -26,7 +26,8 @@ from test_sampling import PROMPT, _exact_joint
 
 import specjax
 from specjax.bench.distribution import chi_square_p_value
-from specjax.drafters import DraftContext
+from specjax.core.sampling import SamplingConfig
+from specjax.drafters import BlockHead, DraftContext
 from specjax.training.block_objective import packed_blocks
 from specjax.trees import Tree
 
@@ -34,13 +35,13 @@ LAYERS = (0, 1)
 K = 3
 
 
-def _head(target: specjax.Model, seed: int = 0, scale: float = 4.0, **fields) -> specjax.BlockHead:
+def _head(target: specjax.Model, seed: int = 0, scale: float = 4.0, **fields) -> BlockHead:
     """A random two-layer head, weights scaled up so that its guesses vary with the context."""
     config = head_config(target.config, 2, 1, 48).replace(num_hidden_layers=2)
     params = init_block_head_params(config, len(LAYERS), seed, target.params)
     params = jax.tree.map(lambda x: x * scale if x.ndim > 1 else x, params)
     fields = {"mask_token_id": target.config.vocab_size - 1, "block_size": 4, **fields}
-    return specjax.BlockHead(params=params, config=config, feature_layers=LAYERS, **fields)
+    return BlockHead(params=params, config=config, feature_layers=LAYERS, **fields)
 
 
 def _k(k: int, **fields) -> specjax.SpeculativeConfig:
@@ -102,7 +103,7 @@ def test_packed_training_blocks_equal_the_drafters_rounds(target):
                 target_params=target.params,
                 target=target.config,
                 num_speculative_tokens=K,
-                sampling=specjax.SamplingConfig(),
+                sampling=SamplingConfig(),
                 features=states[b : b + 1],  # the prefill's: only positions <= a are read
             )
             state = init(head.params, ctx, tokens[b : b + 1], 32)
@@ -111,7 +112,7 @@ def test_packed_training_blocks_equal_the_drafters_rounds(target):
 
 
 @dataclasses.dataclass(frozen=True)
-class ClaimsItsContext(specjax.BlockHead):
+class ClaimsItsContext(BlockHead):
     """Deliberately wrong: after a round it claims the new target states' K/V are written
     (they are not: the next round's catch-up would write them, and now skips the oldest)."""
 
@@ -143,7 +144,7 @@ def test_the_context_cache_is_exactly_the_committed_one(target, variant):
             target_params=target.params,
             target=target.config,
             num_speculative_tokens=K,
-            sampling=specjax.SamplingConfig(),
+            sampling=SamplingConfig(),
             features=features,
         )
 
@@ -177,7 +178,7 @@ SAMPLES = 3000
 
 
 @dataclasses.dataclass(frozen=True)
-class UniformQ(specjax.BlockHead):
+class UniformQ(BlockHead):
     """Deliberately wrong: proposals are drawn from the head's outputs but reported as drawn
     uniformly. (Reporting another position's q, PARD's negative control, is too mild a lie
     here: a random head's outputs at neighbouring masks are nearly alike, p ~ 0.05.)"""
@@ -219,7 +220,7 @@ def test_errors_name_the_problem(target):
     with pytest.raises(ValueError, match="feature layers \\[2\\] do not exist"):
         specjax.generate(target, [[1, 2]], draft=dataclasses.replace(head, feature_layers=(0, 2)), speculative=_k(2))
     with pytest.raises(ValueError, match="needs its layers' config"):
-        specjax.BlockHead()
+        BlockHead()
 
 
 def test_saved_and_loaded_by_path(target, tmp_path):

@@ -17,6 +17,7 @@ from conftest import RAGGED_PROMPTS
 
 import specjax
 from specjax.bench.compiles import compiled_programs
+from specjax.drafters import PromptLookup
 from specjax.engine import prompts as prompts_module
 
 PROMPTS = [*RAGGED_PROMPTS, [11, 12, 13, 14, 15, 11, 12]]  # 5 ragged rows
@@ -24,7 +25,7 @@ NEW = 12
 
 
 @dataclasses.dataclass(frozen=True)
-class _CountingLookup(specjax.PromptLookup):
+class _CountingLookup(PromptLookup):
     """Prompt lookup that counts its proposals in every row, finished or not (unlike
     no_match_rounds): only the collect step can keep padding rows out of this counter."""
 
@@ -135,7 +136,7 @@ def test_batches_of_3_and_4_share_one_program(monkeypatch, target, bucketed):
         _unbucketed(monkeypatch)
     jax.clear_caches()  # so that programs compiled by earlier tests do not hide a compile
     config = specjax.GenerationConfig(max_new_tokens=9)
-    lookup, k2 = specjax.PromptLookup(max_ngram=2), specjax.SpeculativeConfig(num_speculative_tokens=2)
+    lookup, k2 = PromptLookup(max_ngram=2), specjax.SpeculativeConfig(num_speculative_tokens=2)
     specjax.generate(target, PROMPTS[:4], config)
     specjax.generate(target, PROMPTS[:4], config, draft=lookup, speculative=k2)
     before = compiled_programs()

@@ -10,6 +10,7 @@ import pytest
 from conftest import RAGGED_PROMPTS
 
 import specjax
+from specjax.drafters import LayerSkip, PromptLookup
 
 
 class _CompileLog(logging.Handler):
@@ -127,15 +128,13 @@ def test_drafters_with_other_weights_share_one_program(target, noisy_draft, smal
     specjax.generate(target, RAGGED_PROMPTS, config, draft=noisy_draft, speculative=k3)
     specjax.generate(target, RAGGED_PROMPTS, config, draft=other_draft, speculative=k3)
     assert len(_generation_compiles(compiles)) == 1
-    specjax.generate(target, RAGGED_PROMPTS, config, draft=specjax.LayerSkip(1), speculative=k3)
-    specjax.generate(other_target, RAGGED_PROMPTS, config, draft=specjax.LayerSkip(1), speculative=k3)
+    specjax.generate(target, RAGGED_PROMPTS, config, draft=LayerSkip(1), speculative=k3)
+    specjax.generate(other_target, RAGGED_PROMPTS, config, draft=LayerSkip(1), speculative=k3)
     assert len(_generation_compiles(compiles)) == 2
-    specjax.generate(target, RAGGED_PROMPTS, config, draft=specjax.PromptLookup(max_ngram=2), speculative=k3)
-    specjax.generate(
-        target, [p[::-1] for p in RAGGED_PROMPTS], config, draft=specjax.PromptLookup(max_ngram=2), speculative=k3
-    )
+    specjax.generate(target, RAGGED_PROMPTS, config, draft=PromptLookup(max_ngram=2), speculative=k3)
+    specjax.generate(target, [p[::-1] for p in RAGGED_PROMPTS], config, draft=PromptLookup(max_ngram=2), speculative=k3)
     assert len(_generation_compiles(compiles)) == 3
-    specjax.generate(target, RAGGED_PROMPTS, config, draft=specjax.PromptLookup(max_ngram=3), speculative=k3)
+    specjax.generate(target, RAGGED_PROMPTS, config, draft=PromptLookup(max_ngram=3), speculative=k3)
     assert len(_generation_compiles(compiles)) == 4
 
 

@@ -96,11 +96,17 @@ def test_resume_reproduces_the_uninterrupted_run(pair_dirs, tmp_path):
     straight = distill(config, tmp_path / "straight", progress=False)
     partial = distill(config, tmp_path / "resumed", progress=False, stop_after=7)  # checkpoint at 5
     assert partial == {"completed_steps": 7}
+    assert _checkpoint_steps(tmp_path / "resumed") == ["7"]  # keep_checkpoints=1: the 5 went once 7 was whole
     resumed = distill(config, tmp_path / "resumed", progress=False)
+    assert _checkpoint_steps(tmp_path / "resumed") == _checkpoint_steps(tmp_path / "straight") == ["12"]
     a = specjax.load_model(straight["draft"]).params
     b = specjax.load_model(resumed["draft"]).params
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+
+
+def _checkpoint_steps(run_dir) -> list[str]:
+    return sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
 
 
 def test_kill_9_during_distillation_then_resume(pair_dirs, tmp_path):

@@ -12,7 +12,8 @@ from scipy import stats as scipy_stats
 
 import specjax
 from specjax.core.acceptance import always_accept_rule
-from specjax.drafters import DraftContext
+from specjax.core.sampling import SamplingConfig
+from specjax.drafters import DraftContext, DraftModel, Fallback, LayerSkip, PromptLookup
 
 # Prompts with repeats, so prompt lookup has something to find, plus the ragged set.
 PROMPTS = [*RAGGED_PROMPTS, [5, 6, 7, 5, 6, 7, 5], [9, 9, 9, 9]]
@@ -26,12 +27,12 @@ def _k(k: int, **fields) -> specjax.SpeculativeConfig:
 
 def _drafters(noisy_draft, small_draft):
     return {
-        "draft_model": specjax.DraftModel(noisy_draft),
-        "prompt_lookup": specjax.PromptLookup(),
-        "prompt_lookup_earliest_2": specjax.PromptLookup(max_ngram=2, min_ngram=2, prefer="earliest"),
-        "layer_skip": specjax.LayerSkip(layers=1),
-        "lookup_then_model": specjax.Fallback(specjax.PromptLookup(), specjax.DraftModel(small_draft)),
-        "lookup_then_layer_skip": specjax.Fallback(specjax.PromptLookup(max_ngram=2), specjax.LayerSkip(layers=1)),
+        "draft_model": DraftModel(noisy_draft),
+        "prompt_lookup": PromptLookup(),
+        "prompt_lookup_earliest_2": PromptLookup(max_ngram=2, min_ngram=2, prefer="earliest"),
+        "layer_skip": LayerSkip(layers=1),
+        "lookup_then_model": Fallback(PromptLookup(), DraftModel(small_draft)),
+        "lookup_then_layer_skip": Fallback(PromptLookup(max_ngram=2), LayerSkip(layers=1)),
     }
 
 
@@ -100,7 +101,7 @@ def test_batched_equals_per_row(target, drafters, name):
 
 
 def test_stepping_rounds_with_a_drafter(target, plain):
-    lookup = specjax.PromptLookup()
+    lookup = PromptLookup()
     state = specjax.init_state(target, PROMPTS, GREEDY, draft=lookup, speculative=_k(3))
     while not bool(state.done.all()):
         state = specjax.step(target, state, draft=lookup)
@@ -110,16 +111,16 @@ def test_stepping_rounds_with_a_drafter(target, plain):
 
 
 def test_stepping_with_another_drafter_is_an_error(target, small_draft):
-    state = specjax.init_state(target, PROMPTS, draft=specjax.PromptLookup(), speculative=_k(3))
+    state = specjax.init_state(target, PROMPTS, draft=PromptLookup(), speculative=_k(3))
     with pytest.raises(ValueError, match="initialised with drafter"):
-        specjax.step(target, state, draft=specjax.DraftModel(small_draft))
+        specjax.step(target, state, draft=DraftModel(small_draft))
 
 
 def test_no_match_rounds_are_counted(target):
     """Distinct prompt tokens and K=1: the first round of every row has nothing to match."""
     prompts = [[1, 2, 3], [4, 5, 6, 7]]
     out = specjax.generate(
-        target, prompts, specjax.GenerationConfig(max_new_tokens=1), draft=specjax.PromptLookup(), speculative=_k(1)
+        target, prompts, specjax.GenerationConfig(max_new_tokens=1), draft=PromptLookup(), speculative=_k(1)
     )
     assert out.stats.drafter == {"kind": "prompt_lookup", "no_match_rounds": 2}
 
@@ -128,12 +129,12 @@ def test_layer_skip_and_draft_model_errors(target, small_draft):
     with pytest.raises(
         ValueError, match=r"LayerSkip\(layers=2\) needs 0 < layers < the target's num_hidden_layers \(2\)"
     ):
-        specjax.generate(target, PROMPTS, draft=specjax.LayerSkip(layers=2))
+        specjax.generate(target, PROMPTS, draft=LayerSkip(layers=2))
     other_vocab = specjax.init_model(TARGET_CONFIG.replace(vocab_size=40), 0)
     with pytest.raises(ValueError, match="share a vocabulary"):
         specjax.generate(target, PROMPTS, draft=other_vocab)
     with pytest.raises(ValueError, match="min_ngram <= max_ngram"):
-        specjax.PromptLookup(max_ngram=1, min_ngram=2)
+        PromptLookup(max_ngram=1, min_ngram=2)
     with pytest.raises(TypeError, match="Model or a Drafter"):
         specjax.generate(target, PROMPTS, draft="stdlib-draft")
 
@@ -160,15 +161,15 @@ def test_model_drafter_behind_another_catches_up_k_plus_1_tokens(target):
         target_params=target.params,
         target=target.config,
         num_speculative_tokens=k,
-        sampling=specjax.SamplingConfig(),
+        sampling=SamplingConfig(),
     )
     expected = continuation[k + 1 :]
     honest = state.draft_state  # its cache holds the prompt, and its lengths say so
     claiming = honest.replace(cache=honest.cache.replace(lengths=ctx.lengths - 1))
     for drafter, draft_state, catches_up in (
-        (specjax.DraftModel(target).tolerating_lag(k + 1), honest, True),
-        (specjax.DraftModel(target), honest, True),
-        (specjax.DraftModel(target), claiming, False),
+        (DraftModel(target).tolerating_lag(k + 1), honest, True),
+        (DraftModel(target), honest, True),
+        (DraftModel(target), claiming, False),
     ):
         proposal, _ = jax.jit(drafter.propose)(target.params, draft_state, ctx, jax.random.key(0))
         assert (np.asarray(proposal.tokens)[0].tolist() == expected) == catches_up
@@ -179,7 +180,7 @@ def test_layer_skip_reads_the_targets_params_without_copies(target):
     the draft follows each target's own weights (its layers are never baked in)."""
     other = scaled_model(TARGET_CONFIG, seed=7)
     for model in (target, other):
-        out = specjax.generate(model, PROMPTS, draft=specjax.LayerSkip(1), speculative=_k(3))
+        out = specjax.generate(model, PROMPTS, draft=LayerSkip(1), speculative=_k(3))
         assert out.tokens == specjax.generate(model, PROMPTS).tokens
 
 
@@ -190,7 +191,7 @@ def test_layer_skip_starts_from_the_targets_prefilled_cache(target):
 
     prompt = jnp.asarray([[1, 2, 3, 4, 5, 6], [7, 8, 9, 0, 0, 0]], jnp.int32)  # right-padded
     lengths = jnp.asarray([6, 3], jnp.int32)
-    state = specjax.init_state(target, [[1, 2, 3, 4, 5, 6], [7, 8, 9]], GREEDY, draft=specjax.LayerSkip(1))
+    state = specjax.init_state(target, [[1, 2, 3, 4, 5, 6], [7, 8, 9]], GREEDY, draft=LayerSkip(1))
     ctx = DraftContext(
         tokens=state.tokens,
         lengths=lengths,
@@ -199,12 +200,12 @@ def test_layer_skip_starts_from_the_targets_prefilled_cache(target):
         target_params=target.params,
         target=target.config,
         num_speculative_tokens=2,
-        sampling=specjax.SamplingConfig(),
+        sampling=SamplingConfig(),
     )
     cache_length = state.target_cache.k.shape[2]
     full = prefill(target.config, target.params, prompt, lengths, cache_length)
-    copied = specjax.LayerSkip(1).init((), ctx.replace(target_cache=full), prompt, cache_length).cache
-    own = specjax.LayerSkip(1).init((), ctx, prompt, cache_length).cache
+    copied = LayerSkip(1).init((), ctx.replace(target_cache=full), prompt, cache_length).cache
+    own = LayerSkip(1).init((), ctx, prompt, cache_length).cache
     assert copied.k.shape == own.k.shape == (1, *full.k.shape[1:])
     np.testing.assert_array_equal(np.asarray(copied.lengths), np.asarray(own.lengths))
     for row, n in enumerate([6, 3]):
@@ -266,9 +267,9 @@ def _joint(tokens: np.ndarray) -> np.ndarray:
 def test_sampling_matches_plain_sampling(pair8, plain_samples, name, sampling_name, rule_name):
     target, draft = pair8
     drafter = {
-        "prompt_lookup": specjax.PromptLookup(),
-        "layer_skip": specjax.LayerSkip(layers=1),
-        "lookup_then_model": specjax.Fallback(specjax.PromptLookup(max_ngram=2), specjax.DraftModel(draft)),
+        "prompt_lookup": PromptLookup(),
+        "layer_skip": LayerSkip(layers=1),
+        "lookup_then_model": Fallback(PromptLookup(max_ngram=2), DraftModel(draft)),
     }[name]
     out = specjax.generate(
         target,
@@ -287,8 +288,8 @@ def test_sampling_matches_plain_sampling(pair8, plain_samples, name, sampling_na
 
 def test_fallback_takes_a_model_as_a_drafter(target, small_draft, plain):
     """A Model is accepted wherever a drafter is: Fallback drafts with it as a DraftModel."""
-    drafter = specjax.Fallback(specjax.PromptLookup(), small_draft)
-    assert drafter == specjax.Fallback(specjax.PromptLookup(), specjax.DraftModel(small_draft))
+    drafter = Fallback(PromptLookup(), small_draft)
+    assert drafter == Fallback(PromptLookup(), DraftModel(small_draft))
     out = specjax.generate(target, PROMPTS, GREEDY, draft=drafter, speculative=_k(3))
     assert out.tokens == plain.tokens
     assert set(out.stats.drafter) == {"kind", "first.no_match_rounds"}

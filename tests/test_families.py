@@ -319,7 +319,7 @@ def test_moe_with_duplicate_experts_matches_transformers(name, tmp_path):
                 tensor[1] = tensor[0]
     model = specjax.load_model(save_hf(hf, tmp_path))
     ids = np.asarray(PROMPTS[1])[None]
-    assert _relative_error(specjax.logits(model, ids), hf_logits(hf, ids)) < RELATIVE
+    assert _relative_error(specjax.io.model.logits(model, ids), hf_logits(hf, ids)) < RELATIVE
 
 
 # --- configs specjax builds, and what stays refused -------------------------------------
@@ -372,7 +372,7 @@ def test_specjax_configs_save_for_transformers(name, tmp_path):
     out = specjax.save_model(model, tmp_path)
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     ids = np.random.default_rng(0).integers(0, VOCAB, size=(2, 20))
-    assert _relative_error(specjax.logits(model, ids), hf_logits(hf, ids)) < RELATIVE
+    assert _relative_error(specjax.io.model.logits(model, ids), hf_logits(hf, ids)) < RELATIVE
     assert specjax.load_model(out).config == model.config
 
 

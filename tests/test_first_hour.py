@@ -187,3 +187,26 @@ def test_the_readme_runner_checks_cli_blocks():
         runner.evaluate_bash(Block("python scripts/missing.py\n"))
     with pytest.raises(AssertionError, match="does not know how to run"):
         runner.evaluate_bash(Block("rm -rf results\n"))
+
+
+def test_generation_stops_at_the_target_s_eos_by_default_as_in_hf(target, noisy_draft):
+    """GenerationConfig() takes the target's EOS (its tokenizer's), as HF's generate takes the
+    model's; ignore_eos=True generates max_new_tokens (vLLM's name); an explicit id wins."""
+    import dataclasses
+    import types
+
+    prompts = [[1, 2, 3], [4, 5]]
+    free = specjax.generate(target, prompts, specjax.GenerationConfig(max_new_tokens=8)).tokens
+    stop = free[0][2]  # a token the first row emits third
+    with_eos = dataclasses.replace(target, tokenizer=types.SimpleNamespace(eos_token_id=stop))
+    for draft in (None, noisy_draft):
+        speculative = None if draft is None else specjax.SpeculativeConfig(num_speculative_tokens=3)
+
+        def run(config, draft=draft, speculative=speculative):
+            return specjax.generate(with_eos, prompts, config, draft=draft, speculative=speculative)
+
+        stopped = run(specjax.GenerationConfig(max_new_tokens=8)).tokens
+        assert stopped[0] == free[0][: free[0].index(stop) + 1]
+        assert run(specjax.GenerationConfig(max_new_tokens=8, ignore_eos=True)).tokens == free
+        other = next(t for t in range(40) if t not in free[0] and t not in free[1])  # never emitted
+        assert run(specjax.GenerationConfig(max_new_tokens=8, eos_token_id=other)).tokens == free

@@ -4,10 +4,16 @@ Tiny random models are written with `gguf.GGUFWriter` as llama.cpp's converter w
 (Llama's q/k rows permuted, Qwen's not), in several quantization types, tied and untied, with
 a byte-level BPE tokenizer and a chat template in the metadata. specjax and transformers then
 load the same file: logits within 1e-4 (relative to the largest), greedy tokens equal, and
-the same tokenizer and chat template. One test runs the real SmolLM2-135M-Instruct file.
+the same tokenizer and chat template. One test runs the real SmolLM2-135M-Instruct file,
+and one loads and runs it in a process where torch cannot be imported (the README's install
+has none). The tokenizer route itself: tests/test_gguf_tokenizer.py.
 """
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
 
 import gguf
 import numpy as np
@@ -15,8 +21,10 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import quantize
+from test_gguf_tokenizer import assert_same_tokenizer
 
 import specjax
+from specjax.drafters import ParallelDraft
 from specjax.io.embedded import embedded_heads
 from specjax.io.gguf_file import gguf_name, packaged_path
 from specjax.io.tokenizer import _byte_level_chars
@@ -167,7 +175,7 @@ def gguf_pair(request, tmp_path_factory):
 def test_logits_and_greedy_match_transformers(gguf_pair):
     ours, theirs, _ = gguf_pair
     ids = np.array([PROMPT])
-    got = specjax.logits(ours, ids)
+    got = specjax.io.model.logits(ours, ids)
     with torch.no_grad():
         want = theirs(torch.tensor(ids)).logits.numpy()
     err = np.abs(got - want).max() / np.abs(want).max()
@@ -184,6 +192,7 @@ def test_tokenizer_and_chat_template_match_transformers(gguf_pair):
 
     ours, _, path = gguf_pair
     theirs = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    assert_same_tokenizer(ours.tokenizer, theirs)  # built without torch, equal to transformers' own
     text = "the thin hen in the tent"
     assert ours.tokenizer.encode(text) == theirs.encode(text)
     assert len(ours.tokenizer.encode(text, add_special_tokens=False)) < len(text.encode())  # the merges apply
@@ -192,45 +201,6 @@ def test_tokenizer_and_chat_template_match_transformers(gguf_pair):
     assert ours.tokenizer.apply_chat_template(turn, add_generation_prompt=True, tokenize=False) == (
         "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n"
     )
-
-
-def test_the_tokenizer_is_built_once_and_then_read_from_the_cache(tmp_path, monkeypatch):
-    """The first load saves the tokenizer built from the GGUF metadata; later ones read it
-    (building from GGUF is refused here to prove it) and encode the same; an unreadable entry
-    is built again, with a warning."""
-    import transformers
-
-    from specjax.io.gguf_file import gguf_tokenizer, tokenizer_cache_path
-
-    monkeypatch.setenv("SPECJAX_CACHE_DIR", str(tmp_path / "cache"))
-    model = specjax.init_model(_config("llama", True), seed=4)
-    path = write_gguf(tmp_path / "m.gguf", "llama", model, {})
-    built = gguf_tokenizer(path)
-    saved = tokenizer_cache_path(path)
-    assert (saved / "tokenizer.json").is_file() and saved.parent == tmp_path / "cache" / "tokenizers"
-    assert not [p for p in saved.parent.iterdir() if p.name.startswith(".")]  # no temporary left
-
-    real = transformers.AutoTokenizer.from_pretrained
-
-    def no_gguf(*args, **kwargs):
-        assert "gguf_file" not in kwargs, "built from the GGUF file again"
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", no_gguf)
-    cached = gguf_tokenizer(path)
-    text = "the thin hen in the tent"
-    assert cached.encode(text) == built.encode(text) and cached.chat_template == built.chat_template
-    turn = [{"role": "user", "content": "hi"}]
-    assert cached.apply_chat_template(turn, tokenize=False) == built.apply_chat_template(turn, tokenize=False)
-
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", real)
-    (saved / "tokenizer.json").write_text("{ not json")
-    with pytest.warns(UserWarning, match="unreadable tokenizer cache"):
-        rebuilt = gguf_tokenizer(path)
-    assert rebuilt.encode(text) == built.encode(text)
-    assert gguf_tokenizer(path).encode(text) == built.encode(text)  # the rebuilt entry reads again
-    path.touch()  # a changed file has another key
-    assert tokenizer_cache_path(path) != saved
 
 
 def test_gguf_and_hf_directory_of_the_same_weights_agree(tmp_path):
@@ -272,12 +242,15 @@ def test_packaged_model_missing_names_the_install_command(monkeypatch):
     assert packaged_path("stdlib-target") is None
 
 
+QUESTIONS = ("What is the capital of France?", "Write a Python function that adds two numbers.")
+
+
 @pytest.fixture(scope="module")
 def smollm2():
     """The real SmolLM2-135M-Instruct and two chat prompts, rendered with its template."""
     model = specjax.load_model("smollm2-135m-instruct")
     prompts = []
-    for question in ("What is the capital of France?", "Write a Python function that adds two numbers."):
+    for question in QUESTIONS:
         ids = model.tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
         prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     return model, prompts
@@ -302,7 +275,7 @@ def test_smollm2_matches_transformers_on_two_chat_prompts(smollm2):
         seq = ids + tokens
         with torch.no_grad():
             want = theirs(torch.tensor([seq])).logits.numpy()[0]
-        got = specjax.logits(ours, [seq])[0]
+        got = specjax.io.model.logits(ours, [seq])[0]
         assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
         for j, token in enumerate(tokens):
             row = want[len(ids) - 1 + j]
@@ -331,7 +304,7 @@ def test_smollm2s_shipped_drafters_decode_exactly(smollm2, smollm2_plain, name):
     drafter = specjax.load_drafter(name, model) if name in embedded_heads() else specjax.load_model(name)
     k = 4 if name == "smollm2-block-head" else 5
     if name.endswith("pard-draft"):
-        drafter, k = specjax.ParallelDraft(drafter), 4
+        drafter, k = ParallelDraft(drafter), 4
         assert drafter.mask_token_id == 0
     spec = specjax.generate(
         model,
@@ -342,3 +315,61 @@ def test_smollm2s_shipped_drafters_decode_exactly(smollm2, smollm2_plain, name):
     )
     assert spec.tokens == smollm2_plain
     assert spec.stats.rounds > 0 and spec.stats.drafted_tokens > 0
+
+
+# Run by test_smollm2_loads_and_generates_without_torch in a fresh interpreter.
+_WITHOUT_TORCH = r"""
+import hashlib, importlib.machinery, importlib.util, json, sys
+
+# torch as if not installed: the path finder finds no `torch`, so `import torch` raises
+# ModuleNotFoundError and find_spec gives None (what transformers checks). sys.modules["torch"]
+# = None would block it too, but trips scipy, which probes sys.modules for torch arrays.
+_find = importlib.machinery.PathFinder.find_spec.__func__
+def _find_spec(cls, name, path=None, target=None):
+    return None if name.split(".")[0] == "torch" else _find(cls, name, path, target)
+importlib.machinery.PathFinder.find_spec = classmethod(_find_spec)
+assert importlib.util.find_spec("torch") is None
+
+import jax, numpy as np, specjax
+
+model = specjax.load_model("smollm2-135m-instruct")
+tok = model.tokenizer
+prompts = []
+for question in json.loads(sys.argv[1]):
+    ids = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+    prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+# 4 tokens: the program of 16 (the same cache bucket), compiled here before, run shorter
+tokens = specjax.generate(model, prompts, specjax.GenerationConfig(max_new_tokens=4)).tokens
+digest = hashlib.sha256()
+for leaf in jax.tree.leaves(model.params):
+    digest.update(f"{leaf.shape}{leaf.dtype}".encode() + np.asarray(leaf).tobytes())
+out = {"prompts": prompts, "tokens": tokens, "params": digest.hexdigest(), "torch": "torch" in sys.modules}
+out.update(bos=tok.bos_token_id, eos=tok.eos_token_id, template=tok.chat_template, config=repr(model.config))
+print(json.dumps(out))
+"""
+
+
+def test_smollm2_loads_and_generates_without_torch(smollm2, smollm2_plain):
+    """The README's install has no torch (only the test extra brings it): in a process where
+    torch cannot be imported, SmolLM2 loads by name with the same config, the same params bit
+    for bit, the same chat template, bos and eos, renders the same prompt ids and greedy-decodes
+    the same first 4 tokens as here (this process has torch; the program comes from the XLA cache)."""
+    import hashlib
+
+    import jax
+
+    model, prompts = smollm2
+    run = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TORCH, json.dumps(QUESTIONS)], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["torch"] is False
+    assert got["prompts"] == prompts and got["tokens"] == [tokens[:4] for tokens in smollm2_plain]
+    digest = hashlib.sha256()
+    for leaf in jax.tree.leaves(model.params):
+        digest.update(f"{leaf.shape}{leaf.dtype}".encode() + np.asarray(leaf).tobytes())
+    assert got["params"] == digest.hexdigest() and got["config"] == repr(model.config)
+    tok = model.tokenizer
+    assert (got["bos"], got["eos"], got["template"]) == (tok.bos_token_id, tok.eos_token_id, tok.chat_template)
+    assert (got["bos"], got["eos"]) == (1, 2) and "<|im_start|>" in got["template"]

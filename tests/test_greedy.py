@@ -24,7 +24,7 @@ def test_plain_greedy_matches_argmax_of_full_forward(target, plain):
     """The baseline itself: each generated token is the argmax of a cache-free forward."""
     for prompt, generated in zip(RAGGED_PROMPTS, plain.tokens, strict=True):
         assert len(generated) == 24
-        logits = specjax.logits(target, [prompt + generated])[0]
+        logits = specjax.io.model.logits(target, [prompt + generated])[0]
         expected = logits[len(prompt) - 1 : -1].argmax(axis=-1)
         np.testing.assert_array_equal(generated, expected)
 

@@ -31,6 +31,7 @@ from test_head_formats import PROMPTS, TARGET, TOKENS, VOCAB, _reference_logits,
 
 import specjax
 from specjax.cli import main
+from specjax.drafters import Eagle, Medusa
 from specjax.drafters.head_files import weights_file
 from specjax.trees import Tree
 
@@ -167,7 +168,7 @@ def test_specjax_medusa_heads_save_as_medusa_2(pair, tmp_path):
     _, target = pair
     params = init_medusa_params(TARGET.hidden_size, 3, seed=4)
     params["b"] = params["b"] + 0.1
-    head = specjax.Medusa(params=params, vocab_size=VOCAB)
+    head = Medusa(params=params, vocab_size=VOCAB)
     directory = specjax.save_drafter(head, tmp_path / "medusa", format="medusa")
     _same_head(head, specjax.load_drafter(directory, target))
     module = _reference_from(directory, "medusa", "medusa2")
@@ -203,7 +204,7 @@ def _specjax_eagle(published, layers=()):
     params["final_norm"] = {"scale": np.ones(d, np.float32)}
     if layers:
         params["reduce"] = np.zeros((len(layers) * d, d), np.float32)  # [n * D, D]
-    return specjax.Eagle(params=params, config=published.config, feature_layers=layers)
+    return Eagle(params=params, config=published.config, feature_layers=layers)
 
 
 def test_heads_the_format_cannot_express_are_refused(pair, loaded, tmp_path):
@@ -232,7 +233,7 @@ def test_heads_the_format_cannot_express_are_refused(pair, loaded, tmp_path):
         specjax.save_drafter(loaded["eagle1"], tmp_path / "h", format="gguf")
     untied = {"w": np.stack([np.eye(32), 2 * np.eye(32)])[None], "b": np.zeros((1, 2, 32))}
     with pytest.raises(ValueError, match="different residual blocks per head"):
-        specjax.save_drafter(specjax.Medusa(params=untied), tmp_path / "i", format="medusa")
+        specjax.save_drafter(Medusa(params=untied), tmp_path / "i", format="medusa")
     specjax.save_drafter(loaded["medusa1"], tmp_path / "j")  # specjax's files
     with pytest.raises(ValueError, match=r"already holds drafter\.json"):
         specjax.save_drafter(loaded["medusa1"], tmp_path / "j", format="medusa")
@@ -263,3 +264,49 @@ def test_save_head_on_the_command_line(hf_target, heads, tmp_path, capsys):
     for a, b in zip(jax.tree.leaves(original.params), jax.tree.leaves(reloaded.params), strict=True):
         assert b.dtype == jnp.dtype(target.config.dtype)
         np.testing.assert_array_equal(b, a.astype(jnp.bfloat16).astype(b.dtype))
+
+
+def test_speculators_config_names_the_verifiers_repo_its_stored_dtype_and_version(hf_target, heads, tmp_path):
+    """A serving engine resolves verifier.name_or_path on the Hub: the target's repo id (its
+    config.json's `_name_or_path`), not the name it was given on the command line; torch_dtype is
+    the dtype the tensors are stored in (bfloat16 after --dtype bfloat16), and speculators_version
+    says which speculators layout the file follows."""
+    import shutil
+
+    from specjax.drafters.head_writers import SPECULATORS_VERSION
+
+    _, target_dir = hf_target
+    named = tmp_path / "target"
+    shutil.copytree(target_dir, named)
+    config = json.loads((named / "config.json").read_text())
+    (named / "config.json").write_text(json.dumps({**config, "_name_or_path": "some-org/Tiny-Llama-Instruct"}))
+    args = ["save-head", str(heads["speculators"][0]), "--format", "speculators", "--dtype", "bfloat16"]
+    assert main([*args, "--target", str(named), "--out", str(tmp_path / "out")]) == 0
+    spec = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert spec["speculators_config"]["verifier"]["name_or_path"] == "some-org/Tiny-Llama-Instruct"
+    assert spec["speculators_version"] == SPECULATORS_VERSION
+    assert spec["torch_dtype"] == spec["transformer_layer_config"]["torch_dtype"] == "bfloat16"
+    stored = load_flax(str(tmp_path / "out" / "model.safetensors"))
+    assert {str(x.dtype) for x in stored.values() if jnp.issubdtype(x.dtype, jnp.floating)} == {"bfloat16"}
+    # A local path there is no repo id: the name given is kept.
+    (named / "config.json").write_text(json.dumps({**config, "_name_or_path": "/scratch/ckpt/tiny"}))
+    assert main([*args, "--target", str(named), "--out", str(tmp_path / "local")]) == 0
+    spec = json.loads((tmp_path / "local" / "config.json").read_text())
+    assert spec["speculators_config"]["verifier"]["name_or_path"] == str(named)
+    assert spec["torch_dtype"] == "bfloat16"
+
+
+def test_gguf_targets_know_their_hf_repo(monkeypatch):
+    """The packaged SmolLM2 file names no repo in its metadata (general.name is "Smollm2 135M 8k
+    Lc100K Mix1 Ep2"): the packaged model's repo is used; a file with source metadata names its own."""
+    from pathlib import Path
+
+    from specjax.io import gguf_file
+
+    path = gguf_file.packaged_path("smollm2-135m-instruct")
+    assert gguf_file._source_repo(gguf_file._reader(path), path) == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    meta = {"general.source.repo_url": "https://huggingface.co/org/Model-7B", "general.base_model.0.repo_url": "x/y"}
+    monkeypatch.setattr(gguf_file, "_metadata", lambda reader: meta)
+    assert gguf_file._source_repo(None, Path("model.gguf")) == "org/Model-7B"
+    monkeypatch.setattr(gguf_file, "_metadata", lambda reader: {"general.base_model.0.repo_url": "x/y"})
+    assert gguf_file._source_repo(None, Path("model.gguf")) is None  # a base model is another model

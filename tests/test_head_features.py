@@ -20,6 +20,7 @@ from test_hf_interop import make_hf, save_hf
 
 import specjax
 from specjax.core.loop import CacheConfig, prefill
+from specjax.drafters import Eagle
 from specjax.training.train_heads import eagle_loss
 from specjax.trees import Tree
 
@@ -93,23 +94,23 @@ def test_bad_feature_layers_are_clear_errors():
             model,
             [[1]],
             specjax.GenerationConfig(),
-            draft=specjax.Eagle(without_reduce, head.config, feature_layers=LAYERS),
+            draft=Eagle(without_reduce, head.config, feature_layers=LAYERS),
         )
     with pytest.raises(ValueError, match=r"reduce matrix reads 64 features, but feature_layers=\(0, 1, 2\) gives 96"):
         specjax.generate(
             model,
             [[1]],
             specjax.GenerationConfig(),
-            draft=specjax.Eagle(head.params, head.config, feature_layers=(0, 1, 2)),
+            draft=Eagle(head.params, head.config, feature_layers=(0, 1, 2)),
         )
 
 
-def eagle(target: specjax.Model, layers, seed: int = 0, scale: float = 8.0) -> specjax.Eagle:
+def eagle(target: specjax.Model, layers, seed: int = 0, scale: float = 8.0) -> Eagle:
     """A random multi-layer head, its layer scaled up so that its guesses vary."""
     layer = head_config(target.config, 2, 1, 32)
     params = init_eagle_params(layer, target.params, seed, target.config, layers)
     params = {**params, "fc": params["fc"] * scale, "layers": jax.tree.map(lambda x: x * scale, params["layers"])}
-    return specjax.Eagle(params=params, config=layer, feature_layers=layers)
+    return Eagle(params=params, config=layer, feature_layers=layers)
 
 
 @pytest.fixture(scope="module")

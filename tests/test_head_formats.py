@@ -30,6 +30,8 @@ from test_hf_interop import make_hf, save_hf
 
 import specjax
 from specjax.bench.distribution import chi_square_p_value
+from specjax.core.sampling import SamplingConfig, probabilities
+from specjax.drafters import Eagle, Medusa
 from specjax.drafters.head_formats import eagle3_layers
 from specjax.trees import Tree
 
@@ -143,7 +145,7 @@ _eagle = jax.jit(eagle_forward, static_argnums=(0, 8, 9))
 
 def _specjax_logits(drafter, target, tokens):
     """Teacher-forced draft logits [B, T, V] (or [B, H, T, V] for Medusa) from the loaded head."""
-    if isinstance(drafter, specjax.Medusa):
+    if isinstance(drafter, Medusa):
         _, f = full_forward(target.config, target.params, tokens, features=True)
         b, t, d = f.shape
         logits = specjax.models.heads.medusa_logits(drafter.params, f.reshape(b * t, d), target.config, target.params)
@@ -272,7 +274,7 @@ SAMPLES = 6000
 
 
 @dataclasses.dataclass(frozen=True)
-class _TokensOnlyMapped(specjax.Eagle):
+class _TokensOnlyMapped(Eagle):
     """The negative control: the draft vocabulary's logits are not mapped (d2t ignored, so q
     stays in draft ids); only the drawn tokens are mapped to target ids afterwards."""
 
@@ -283,9 +285,9 @@ class _TokensOnlyMapped(specjax.Eagle):
 
 
 def _exact_joint(model, sampling) -> np.ndarray:
-    first = specjax.probabilities(jnp.asarray(specjax.logits(model, [PROMPT])[0, -1]), sampling)
-    seconds = specjax.logits(model, [[*PROMPT, t] for t in range(VOCAB)])[:, -1]
-    return np.asarray(first[:, None] * specjax.probabilities(jnp.asarray(seconds), sampling)).reshape(-1)
+    first = probabilities(jnp.asarray(specjax.io.model.logits(model, [PROMPT])[0, -1]), sampling)
+    seconds = specjax.io.model.logits(model, [[*PROMPT, t] for t in range(VOCAB)])[:, -1]
+    return np.asarray(first[:, None] * probabilities(jnp.asarray(seconds), sampling)).reshape(-1)
 
 
 @pytest.mark.parametrize("variant", ["mapped", "d2t_ignored"])
@@ -294,7 +296,7 @@ def test_reduced_vocabulary_head_samples_the_targets_distribution(pair, loaded, 
     head = loaded["eagle3"]
     if variant == "d2t_ignored":
         head = _TokensOnlyMapped(**{f.name: getattr(head, f.name) for f in dataclasses.fields(head)})
-    expected = _exact_joint(target, specjax.SamplingConfig(temperature=1.0))
+    expected = _exact_joint(target, SamplingConfig(temperature=1.0))
     out = specjax.generate(
         target,
         [PROMPT] * SAMPLES,
@@ -312,23 +314,24 @@ def test_reduced_vocabulary_head_samples_the_targets_distribution(pair, loaded, 
 
 
 def test_a_published_head_directory_is_a_drafter_spec_like_a_specjax_head(pair, hf_target, heads, loaded):
-    """`--drafter DIR` and {kind: head, path: DIR, aux_layers: ...} reach the published reader;
-    a Hugging Face model directory (config.json + model.safetensors too) stays a draft model."""
+    """`--drafter DIR` and {method: head, model: DIR, aux_layers: ...} reach the published
+    reader; a Hugging Face model directory (config.json + model.safetensors too) stays a
+    draft model."""
     from specjax.drafters.head_formats import published_format
-    from specjax.drafters.registry import make_drafter, name_to_mapping
+    from specjax.drafters.registry import resolve_method
 
     _, target = pair
     directory = str(heads["eagle3"][0])
-    assert name_to_mapping(directory) == {"kind": "head", "path": directory}
+    assert resolve_method(directory, specjax.load_model) == "head"
     assert published_format(heads["medusa2"][0]) == "medusa"  # a torch pickle
     assert published_format(target_dir := hf_target[1]) is None
-    assert name_to_mapping(str(target_dir)) == {"kind": "draft_model", "model": str(target_dir)}
-    drafter = make_drafter(directory, specjax.load_model, target)
+    assert resolve_method(str(target_dir), specjax.load_model) == "draft_model"
+    drafter = specjax.load_drafter(directory, target)
     assert drafter.without_weights() == loaded["eagle3"].without_weights()
-    blocks = make_drafter({"kind": "head", "path": directory, "aux_layers": [0, 2, 5]}, specjax.load_model, target)
+    blocks = specjax.load_drafter({"method": "eagle3", "model": directory, "aux_layers": [0, 2, 5]}, target)
     assert blocks.feature_layers == (0, 2, 5)
     with pytest.raises(ValueError, match="aux_layers is a list of block indices"):
-        make_drafter({"kind": "head", "path": directory, "aux_layers": "0,2"}, specjax.load_model, target)
+        specjax.load_drafter({"kind": "head", "path": directory, "aux_layers": "0,2"}, target)
 
 
 # --- Errors ---------------------------------------------------------------------------------
@@ -385,7 +388,7 @@ def test_bad_files_are_clear_errors(pair, heads, tmp_path, monkeypatch):
     (tmp_path / "corrupt" / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ValueError, match="not a valid safetensors file"):
         specjax.load_drafter(tmp_path / "corrupt", target)
-    with pytest.raises(ValueError, match=r"not a specjax head directory .* nor a published head"):
+    with pytest.raises(ValueError, match=r"is neither a specjax head directory .* a published head"):
         specjax.load_drafter(tmp_path, target)
     for flag in ("fc_norm", "norm_output"):  # speculators' variant flags are refused, not ignored
         edited = _copy(heads["speculators"][0], tmp_path / flag, lambda c, f=flag: {**c, f: True})

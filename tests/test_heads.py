@@ -18,25 +18,27 @@ import specjax
 from specjax.bench.distribution import chi_square_p_value
 from specjax.configs import dump_config, load_config
 from specjax.core.acceptance import always_accept_rule
+from specjax.core.sampling import SamplingConfig, probabilities
+from specjax.drafters import Eagle, Medusa
 from specjax.io.tokenizer import ByteTokenizer
 from specjax.training.data import training_batch
 from specjax.training.train_heads import HeadTrainConfig, eagle_loss, medusa_loss, train_head
 from specjax.trees import Tree, tree_no_residual_rule
 
 
-def random_heads(config, num_heads: int, seed: int, scale: float) -> specjax.Medusa:
+def random_heads(config, num_heads: int, seed: int, scale: float) -> Medusa:
     """Heads that differ from the target's LM head: random residual blocks of `scale`."""
     params = init_medusa_params(config.hidden_size, num_heads, seed)
     w = scale * jax.random.normal(jax.random.key(seed + 1), params["w"].shape) / np.sqrt(config.hidden_size)
-    return specjax.Medusa(params={"w": w, "b": params["b"]}, vocab_size=config.vocab_size)
+    return Medusa(params={"w": w, "b": params["b"]}, vocab_size=config.vocab_size)
 
 
-def random_eagle(target: specjax.Model, seed: int, scale: float) -> specjax.Eagle:
+def random_eagle(target: specjax.Model, seed: int, scale: float) -> Eagle:
     """An EAGLE head whose layer weights are scaled up so that its guesses vary."""
     layer = head_config(target.config, 2, 1, 32)
     params = init_eagle_params(layer, target.params, seed)
     params = {**params, "fc": params["fc"] * scale, "layers": jax.tree.map(lambda x: x * scale, params["layers"])}
-    return specjax.Eagle(params=params, config=layer)
+    return Eagle(params=params, config=layer)
 
 
 @pytest.fixture(scope="module")
@@ -109,9 +111,9 @@ SAMPLES = 6000
 
 def _exact_joint(model, sampling) -> np.ndarray:
     vocab = model.config.vocab_size
-    first = specjax.probabilities(jnp.asarray(specjax.logits(model, [PROMPT])[0, -1]), sampling)
-    seconds = specjax.logits(model, [[*PROMPT, t] for t in range(vocab)])[:, -1]
-    return np.asarray(first[:, None] * specjax.probabilities(jnp.asarray(seconds), sampling)).reshape(-1)
+    first = probabilities(jnp.asarray(specjax.io.model.logits(model, [PROMPT])[0, -1]), sampling)
+    seconds = specjax.io.model.logits(model, [[*PROMPT, t] for t in range(vocab)])[:, -1]
+    return np.asarray(first[:, None] * probabilities(jnp.asarray(seconds), sampling)).reshape(-1)
 
 
 @pytest.mark.parametrize("rule_name", ["exact", "wrong"])
@@ -123,7 +125,7 @@ def _exact_joint(model, sampling) -> np.ndarray:
 def test_sampling_with_heads_follows_the_target(rule_name, kind, tree):
     target = scaled_model(VOCAB8, seed=0, scale=6.0)
     heads = random_heads(VOCAB8, num_heads=2, seed=3, scale=4.0) if kind == "medusa" else random_eagle(target, 3, 8.0)
-    expected = _exact_joint(target, specjax.SamplingConfig(temperature=1.0))
+    expected = _exact_joint(target, SamplingConfig(temperature=1.0))
     wrong = always_accept_rule if tree is None else tree_no_residual_rule
     out = specjax.generate(
         target,
@@ -178,7 +180,7 @@ def test_save_load_round_trip_and_wrong_target(target, heads, tmp_path):
                 draft=loaded,
                 speculative=specjax.SpeculativeConfig(num_speculative_tokens=5),
             )
-    with pytest.raises(ValueError, match="not a specjax head directory"):
+    with pytest.raises(ValueError, match="is neither a specjax head directory"):
         specjax.load_drafter(tmp_path)
 
 

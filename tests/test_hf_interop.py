@@ -93,7 +93,7 @@ def hf_pair(request, tmp_path_factory):
 def test_logits_match_transformers(hf_pair):
     hf, model = hf_pair
     ids = random_ids()
-    np.testing.assert_allclose(specjax.logits(model, ids), hf_logits(hf, ids), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(specjax.io.model.logits(model, ids), hf_logits(hf, ids), atol=1e-4, rtol=0)
 
 
 def test_greedy_matches_transformers_generate(hf_pair):
@@ -152,7 +152,7 @@ def test_save_model_round_trips_through_transformers(name, tmp_path):
 
     ids = random_ids()
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    np.testing.assert_allclose(hf_logits(hf, ids), specjax.logits(model, ids), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(hf_logits(hf, ids), specjax.io.model.logits(model, ids), atol=1e-4, rtol=0)
 
     loaded = specjax.load_model(out)
     assert loaded.config == model.config
@@ -167,7 +167,7 @@ def test_llama_with_qkv_bias_only_saves_a_zero_o_proj_bias(tmp_path):
     out = specjax.save_model(model, tmp_path)
     ids = random_ids()
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    np.testing.assert_allclose(hf_logits(hf, ids), specjax.logits(model, ids), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(hf_logits(hf, ids), specjax.io.model.logits(model, ids), atol=1e-4, rtol=0)
     loaded = specjax.load_model(out)
     assert loaded.config == model.config.replace(o_proj_bias=True)
     assert not np.asarray(loaded.params["layers"][0]["attn"]["o_bias"]).any()
@@ -179,7 +179,9 @@ def test_sharded_checkpoint_loads(tmp_path):
     assert (tmp_path / "model.safetensors.index.json").is_file() and not (tmp_path / "model.safetensors").exists()
     assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
     ids = random_ids()
-    np.testing.assert_allclose(specjax.logits(specjax.load_model(tmp_path), ids), hf_logits(hf, ids), atol=1e-4)
+    np.testing.assert_allclose(
+        specjax.io.model.logits(specjax.load_model(tmp_path), ids), hf_logits(hf, ids), atol=1e-4
+    )
 
 
 def test_bfloat16_load_is_close_to_float32(tmp_path):
@@ -189,7 +191,7 @@ def test_bfloat16_load_is_close_to_float32(tmp_path):
     assert bf16.config == fp32.config.replace(dtype="bfloat16")
     assert all(x.dtype == jax.numpy.bfloat16 for x in jax.tree.leaves(bf16.params))
     ids = random_ids()
-    full, low = specjax.logits(fp32, ids), specjax.logits(bf16, ids)
+    full, low = specjax.io.model.logits(fp32, ids), specjax.io.model.logits(bf16, ids)
     assert low.dtype == np.float32
     # transformers' own bfloat16 copy of this model is off by ~4% of the largest logit too.
     assert np.abs(low - full).max() < 0.1 * np.abs(full).max()
@@ -302,9 +304,9 @@ def test_mistral_sliding_window_that_binds_is_honoured(tmp_path):
     model = specjax.load_model(save_hf(hf, tmp_path))
     assert model.config.sliding_window == 16
     ids = random_ids(length=40)
-    np.testing.assert_allclose(specjax.logits(model, ids), hf_logits(hf, ids), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(specjax.io.model.logits(model, ids), hf_logits(hf, ids), atol=1e-4, rtol=0)
     unwindowed = specjax.Model(model.config.replace(sliding_window=None), model.params)
-    assert np.abs(specjax.logits(unwindowed, ids)[:, 16:] - hf_logits(hf, ids)[:, 16:]).max() > 1e-2
+    assert np.abs(specjax.io.model.logits(unwindowed, ids)[:, 16:] - hf_logits(hf, ids)[:, 16:]).max() > 1e-2
 
 
 @pytest.mark.parametrize(
@@ -339,4 +341,4 @@ def test_model_type_is_validated():
 def test_logits_refuse_positions_past_the_learned_table():
     model = specjax.init_model(SPECJAX_CONFIGS["gpt2"])
     with pytest.raises(ValueError, match=r"65 tokens exceed max_position_embeddings \(64\)"):
-        specjax.logits(model, np.zeros((1, 65), np.int32))
+        specjax.io.model.logits(model, np.zeros((1, 65), np.int32))

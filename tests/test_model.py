@@ -90,8 +90,8 @@ def test_per_row_positions_in_one_batch(target):
 
 def test_logits_api_and_parameter_count(target):
     tokens = _random_tokens(2, 6, target.config.vocab_size)
-    out = specjax.logits(target, tokens)
+    out = specjax.io.model.logits(target, tokens)
     assert out.shape == (2, 6, target.config.vocab_size) and out.dtype == np.float32
     assert target.num_parameters == target.config.num_parameters
     with pytest.raises(ValueError, match="token ids must lie in"):
-        specjax.logits(target, [[0, target.config.vocab_size]])
+        specjax.io.model.logits(target, [[0, target.config.vocab_size]])

@@ -24,7 +24,8 @@ from test_sampling import PROMPT, _exact_joint
 
 import specjax
 from specjax.bench.distribution import chi_square_p_value
-from specjax.drafters import DraftContext, make_drafter
+from specjax.core.sampling import SamplingConfig
+from specjax.drafters import DraftContext, ParallelDraft, make_drafter
 from specjax.trees import Tree
 
 MASK = TARGET_CONFIG.vocab_size - 1  # an ordinary id to an untrained draft
@@ -119,7 +120,7 @@ def with_eos(target):
 
 def test_chain_greedy_equals_plain_on_ragged_rows_with_eos(target, with_eos):
     config, expected, k = *with_eos, 4
-    out = specjax.generate(target, RAGGED_PROMPTS, config, draft=specjax.ParallelDraft(target, MASK), speculative=_k(k))
+    out = specjax.generate(target, RAGGED_PROMPTS, config, draft=ParallelDraft(target, MASK), speculative=_k(k))
     assert out.tokens == expected
     s = out.stats
     assert s.drafter["kind"] == "parallel_draft" and s.drafted_tokens == k * s.rounds
@@ -135,7 +136,7 @@ def test_tree_greedy_equals_plain(target, with_eos):
         target,
         RAGGED_PROMPTS,
         config,
-        draft=specjax.ParallelDraft(target, MASK),
+        draft=ParallelDraft(target, MASK),
         speculative=specjax.SpeculativeConfig(tree=tree),
     )
     assert out.tokens == expected
@@ -151,7 +152,7 @@ def test_adaptive_k_with_plain_steps_between_rounds(target, with_eos):
         ks=(0, 1, 2), costs={0: 1.0, 1: 2.0, 2: 100.0}, probe_budget=1.0, switch_cost=0.0, start_at_max=True
     )
     out = specjax.generate(
-        target, RAGGED_PROMPTS, config, draft=specjax.ParallelDraft(target, MASK), speculative=_k(2, adaptive=switching)
+        target, RAGGED_PROMPTS, config, draft=ParallelDraft(target, MASK), speculative=_k(2, adaptive=switching)
     )
     assert out.tokens == expected
     assert out.stats.adaptive["plain_steps"] > 0 and set(out.stats.adaptive["chosen_k"]) == {0, 1, 2}
@@ -165,7 +166,7 @@ def test_mask_kv_is_never_read_as_committed_context(target):
     With the right lengths it equals it."""
     k, prompt = 3, [1, 2, 3, 4, 5]
     committed = [*prompt, 9, 8, 7, 6, 5, 4]  # a lag of k + 3 > k + 1: past what the catch-up covers
-    drafter = specjax.ParallelDraft(target, MASK)
+    drafter = ParallelDraft(target, MASK)
     tokens = jnp.zeros((1, 32), jnp.int32).at[0, : len(committed)].set(jnp.asarray(committed))
     ctx = DraftContext(
         tokens=tokens,
@@ -175,7 +176,7 @@ def test_mask_kv_is_never_read_as_committed_context(target):
         target_params=target.params,
         target=target.config,
         num_speculative_tokens=k,
-        sampling=specjax.SamplingConfig(),
+        sampling=SamplingConfig(),
     )
     later = ctx.replace(lengths=jnp.asarray([len(committed)], jnp.int32))
     init = jax.jit(drafter.init, static_argnums=3)
@@ -198,7 +199,7 @@ SAMPLES = 3000  # the wrong variant scores p ~ 1e-60 at this size
 
 
 @dataclasses.dataclass(frozen=True)
-class ReversedQ(specjax.ParallelDraft):
+class ReversedQ(ParallelDraft):
     """Deliberately wrong: proposal i is drawn from block output i, but reported as drawn
     from output K - 1 - i (another position's distribution)."""
 
@@ -219,7 +220,7 @@ def test_sampling_follows_the_target_at_t1(pair8, variant):
     target, draft = pair8
     config = specjax.GenerationConfig.at_temperature(1.0, max_new_tokens=2, seed=1)
     expected = _exact_joint(target, config.sampling)  # p(t1, t2 | PROMPT), [64]
-    drafter = (specjax.ParallelDraft if variant == "exact" else ReversedQ)(draft, VOCAB8.vocab_size - 1)
+    drafter = (ParallelDraft if variant == "exact" else ReversedQ)(draft, VOCAB8.vocab_size - 1)
     out = specjax.generate(target, [PROMPT] * SAMPLES, config, draft=drafter, speculative=_k(2))
     tokens = np.asarray(out.tokens)
     p_value = chi_square_p_value(tokens[:, 0] * 8 + tokens[:, 1], expected)
@@ -238,28 +239,38 @@ def test_errors_name_the_problem(target):
         with pytest.raises(
             ValueError, match=r"mask_token_id must be a token id of the draft's vocabulary \(0 <= id < 48\)"
         ):
-            specjax.ParallelDraft(target, bad)
+            ParallelDraft(target, bad)
     other_vocab = specjax.init_model(TARGET_CONFIG.replace(vocab_size=40), 0)
     with pytest.raises(ValueError, match="share a vocabulary: draft vocab_size 40 != target vocab_size 48"):
-        specjax.generate(target, [[1, 2]], draft=specjax.ParallelDraft(other_vocab, 3))
+        specjax.generate(target, [[1, 2]], draft=ParallelDraft(other_vocab, 3))
     with pytest.raises(ValueError, match="needs a draft Model"):
-        specjax.ParallelDraft(mask_token_id=3)
+        ParallelDraft(mask_token_id=3)
 
 
 def test_registered_by_name(target):
-    spec = {"kind": "parallel_draft", "model": "tiny", "mask_token_id": MASK}
-    drafter = make_drafter(spec, load=lambda name: target)
-    assert drafter == specjax.ParallelDraft(target, MASK) and drafter.weights() is target.params
+    spec = {"method": "parallel_draft", "model": "tiny", "mask_token_id": MASK}
+    drafter = specjax.load_drafter(spec, load=lambda name: target)
+    assert drafter == ParallelDraft(target, MASK) and drafter.weights() is target.params
     # No mask_token_id: the model's recorded one (config.json's specjax_mask_token_id), else an error.
     recorded = dataclasses.replace(target, mask_token_id=MASK - 1)
-    assert (
-        make_drafter({"kind": "parallel_draft", "model": "tiny"}, load=lambda name: recorded).mask_token_id == MASK - 1
-    )
-    assert make_drafter(spec, load=lambda name: recorded).mask_token_id == MASK  # a given one wins
-    with pytest.raises(ValueError, match=r"got None: give one \(mask_token_id: ID\), or a draft whose config\.json"):
-        make_drafter({"kind": "parallel_draft", "model": "tiny"}, load=lambda name: target)
-    with pytest.raises(ValueError, match=r"takes mask_token_id, model \(model required\)"):
-        make_drafter({"kind": "parallel_draft", "mask_token_id": MASK}, load=lambda name: target)
+    unmasked = {"method": "parallel_draft", "model": "tiny"}
+    assert specjax.load_drafter(unmasked, load=lambda name: recorded).mask_token_id == MASK - 1
+    assert specjax.load_drafter(spec, load=lambda name: recorded).mask_token_id == MASK  # a given one wins
+    with pytest.raises(ValueError, match=r"method 'parallel_draft' needs mask_token_id: 'tiny' records none"):
+        specjax.load_drafter(unmasked, load=lambda name: target)
+    with pytest.raises(ValueError, match=r"method 'parallel_draft' needs model \(it takes catch_up, mask_token_id"):
+        specjax.load_drafter({"method": "parallel_draft", "mask_token_id": MASK}, load=lambda name: target)
+
+
+def test_a_pard_draft_by_name_is_a_pard_draft_and_asked_for_as_a_draft_model_is_one():
+    """The trap of earlier releases: `--drafter stdlib-pard-draft` ran the PARD draft as an
+    autoregressive draft. Its config.json records its mask token, so the name alone is a PARD
+    draft; `method: draft_model` still runs it autoregressively, as asked."""
+    target_config = specjax.load_model("stdlib-target").config
+    assert isinstance(specjax.load_drafter("stdlib-pard-draft", target_config), ParallelDraft)
+    asked = specjax.load_drafter({"method": "draft_model", "model": "stdlib-pard-draft"}, target_config)
+    assert type(asked).__name__ == "DraftModel"
+    assert isinstance(specjax.load_drafter("stdlib-draft", target_config), type(asked))  # no mask recorded
 
 
 def test_the_shipped_pard_draft_decodes_exactly_and_is_accepted():
@@ -267,7 +278,7 @@ def test_the_shipped_pard_draft_decodes_exactly_and_is_accepted():
     it was trained for, by name alone (its mask id is recorded): greedy equals plain, and it is
     accepted well beyond chance (held-out 2.73 at K = 4 in its model card)."""
     target = specjax.load_model("stdlib-target")
-    drafter = specjax.ParallelDraft(specjax.load_model("stdlib-pard-draft"))  # no mask id given
+    drafter = ParallelDraft(specjax.load_model("stdlib-pard-draft"))  # no mask id given
     assert drafter.mask_token_id == 258
     prompts = ["def parse_args(self):\n", "import os\n"]
     settings = specjax.GenerationConfig(max_new_tokens=32)

@@ -18,7 +18,7 @@ from specjax.models import TreeMask, full_forward, init_params
 
 import specjax
 from specjax.configs import dump_config, load_config
-from specjax.drafters import make_drafter
+from specjax.drafters import ParallelDraft
 from specjax.io.tokenizer import ByteTokenizer
 from specjax.training.data import held_out_prompts
 from specjax.training.distill import DistillConfig, distill
@@ -276,10 +276,11 @@ def test_kill_9_during_training_then_resume(pair_dirs, straight, tmp_path, monke
 
 
 def test_trained_draft_decodes_greedily_equal_to_plain(pair, straight):
-    """{kind: parallel_draft, model: DIR} with no mask id: the draft's config.json gives it.
+    """The draft's directory by name alone: its config.json records the mask id, so it is a PARD draft.
     (The held-out prompts and lengths of the run's own evaluation: its program is reused.)"""
     target = pair[0]
-    drafter = make_drafter({"kind": "parallel_draft", "model": straight[1]["draft"]}, load=specjax.load_model)
+    drafter = specjax.load_drafter(straight[1]["draft"], target)
+    assert isinstance(drafter, ParallelDraft)
     assert drafter.mask_token_id == PAD
     prompts = held_out_prompts("code", 2, 12, split="validation")
     config = specjax.GenerationConfig(max_new_tokens=8)

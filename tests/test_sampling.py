@@ -10,12 +10,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import TARGET_CONFIG, scaled_model
+from conftest import RAGGED_PROMPTS, TARGET_CONFIG, scaled_model
 
 import specjax
 from specjax.bench.distribution import chi_square_p_value
-from specjax.core.acceptance import always_accept_rule
-from specjax.core.sampling import sample
+from specjax.core.acceptance import always_accept_rule, greedy_rule, rejection_sampling_rule
+from specjax.core.sampling import SamplingConfig, probabilities, sample
+from specjax.trees import Tree, tree_greedy_rule, tree_rejection_rule
 
 SAMPLES = 6000
 P_VALUE_PASS = 1e-3  # a correct sampler fails this one run in a thousand
@@ -42,7 +43,7 @@ def test_rule_first_token_follows_target(rule_name):
     draft_key, rule_key = jax.random.split(jax.random.key(0))
     # The draft samples each d_i from q_i (independent of earlier d's: fixed distributions).
     drafts = sample(draft_key, q)  # [B, K]
-    rule = specjax.rejection_sampling_rule if rule_name == "exact" else always_accept_rule
+    rule = rejection_sampling_rule if rule_name == "exact" else always_accept_rule
     n, next_token = jax.jit(rule)(rule_key, drafts, p, q)
     first = np.where(np.asarray(n) > 0, np.asarray(drafts[:, 0]), np.asarray(next_token))
     p_value = chi_square_p_value(first, np.asarray(p[0, 0]))
@@ -63,12 +64,94 @@ def test_greedy_rule_exact_cases():
         return jax.nn.one_hot(jnp.asarray(ids), vocab)[None]  # [1, K+1, V]
 
     drafts = jnp.asarray([[1, 2, 3]])
-    n, nxt = specjax.greedy_rule(None, drafts, one_hot_logits([1, 2, 3, 4]), None)
+    n, nxt = greedy_rule(None, drafts, one_hot_logits([1, 2, 3, 4]), None)
     assert (int(n[0]), int(nxt[0])) == (3, 4)  # all accepted + bonus
-    n, nxt = specjax.greedy_rule(None, drafts, one_hot_logits([1, 5, 3, 4]), None)
+    n, nxt = greedy_rule(None, drafts, one_hot_logits([1, 5, 3, 4]), None)
     assert (int(n[0]), int(nxt[0])) == (1, 5)  # rejected at 2, corrected; the later match is waste
-    n, nxt = specjax.greedy_rule(None, drafts, one_hot_logits([0, 2, 3, 4]), None)
+    n, nxt = greedy_rule(None, drafts, one_hot_logits([0, 2, 3, 4]), None)
     assert (int(n[0]), int(nxt[0])) == (0, 0)
+
+
+# --- Greedy is the temperature -> 0 limit: p is a distribution under every config ----------
+
+
+def _untied_logits(shape, seed):
+    """Random logits [..., V] whose top two differ in every row, and the smallest such gap."""
+    logits = np.random.default_rng(seed).normal(scale=3.0, size=shape).astype(np.float32)
+    top2 = -np.sort(-logits, axis=-1)[..., :2]
+    gap = float(np.min(top2[..., 0] - top2[..., 1]))
+    assert gap > 0
+    return jnp.asarray(logits), gap
+
+
+@pytest.mark.parametrize("filters", [{}, dict(top_k=3, top_p=0.5, min_p=0.2)])
+def test_greedy_probabilities_are_the_one_hot_limit(filters):
+    """probabilities() at temperature 0 is the limit of temperature -> 0: the one-hot on the
+    argmax (filters keep the top token, so they change nothing), the first one on ties."""
+    logits, gap = _untied_logits((4, 3, 64), seed=0)
+    greedy = np.asarray(probabilities(logits, SamplingConfig(0.0, **filters)))  # [4, 3, 64]
+    np.testing.assert_array_equal(greedy, np.asarray(jax.nn.one_hot(jnp.argmax(logits, axis=-1), 64)))
+    # A temperature far below the smallest top-two gap leaves < e^-40 off the argmax.
+    cold = np.asarray(probabilities(logits, SamplingConfig(gap / 40, **filters)))
+    np.testing.assert_allclose(greedy, cold, atol=1e-6)
+    ties = jnp.asarray([[0.0, 2.0, 2.0, 1.0]], jnp.bfloat16)  # select() takes the first of a tie
+    np.testing.assert_array_equal(np.asarray(probabilities(ties, SamplingConfig(0.0))), [[0, 1, 0, 0]])
+
+
+def _drafts_near(choice, vocab, seed):
+    """Draft tokens equal to `choice` [B, M] with probability 0.7, else uniform: every
+    acceptance length occurs."""
+    rng = np.random.default_rng(seed)
+    lucky = rng.random(choice.shape) < 0.7
+    return jnp.asarray(np.where(lucky, choice, rng.integers(0, vocab, choice.shape)), jnp.int32)
+
+
+@pytest.mark.parametrize("with_q", [False, True])
+def test_on_one_hot_p_the_exact_rule_decides_as_the_greedy_rule(with_q):
+    """On greedy p (one-hot), rejection sampling accepts the same tokens and closes with the
+    same token as the greedy rule, whatever its random draws and the draft's q."""
+    batch, k, vocab = 512, 4, 8
+    logits, _ = _untied_logits((batch, k + 1, vocab), seed=1)
+    p = probabilities(logits, SamplingConfig(0.0))
+    drafts = _drafts_near(np.asarray(jnp.argmax(logits, axis=-1))[:, :k], vocab, seed=2)  # [B, K]
+    q = jax.nn.softmax(_untied_logits((batch, k, vocab), seed=3)[0]) if with_q else None
+    n_greedy, next_greedy = greedy_rule(None, drafts, p, q)
+    assert len(set(np.asarray(n_greedy).tolist())) == k + 1  # every count 0..K occurs
+    for seed in range(3):
+        n, next_token = jax.jit(rejection_sampling_rule)(jax.random.key(seed), drafts, p, q)
+        np.testing.assert_array_equal(np.asarray(n), np.asarray(n_greedy))
+        np.testing.assert_array_equal(np.asarray(next_token), np.asarray(next_greedy))
+
+
+@pytest.mark.parametrize("with_q", [False, True])
+def test_on_one_hot_p_the_tree_rules_agree(with_q):
+    """The tree counterpart: recursive rejection on one-hot p picks the greedy rule's path."""
+    tree, batch, vocab = Tree.full(3, 3), 256, 8
+    logits, _ = _untied_logits((batch, tree.num_nodes + 1, vocab), seed=4)
+    p = probabilities(logits, SamplingConfig(0.0))
+    parents_choice = np.asarray(jnp.argmax(logits, axis=-1))[:, np.asarray(tree.parents)[1:]]  # [B, N]
+    nodes = _drafts_near(parents_choice, vocab, seed=5)
+    q = jax.nn.softmax(_untied_logits(p.shape, seed=6)[0]) if with_q else None
+    path, n_greedy, next_greedy = tree_greedy_rule(None, tree, nodes, p, q)
+    assert len(set(np.asarray(n_greedy).tolist())) == tree.depth + 1
+    for seed in range(3):
+        got = jax.jit(tree_rejection_rule, static_argnums=1)(jax.random.key(seed), tree, nodes, p, q)
+        for a, b in zip(got, (path, n_greedy, next_greedy), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_the_exact_rules_under_greedy_sampling_give_plain_greedy(target, noisy_draft):
+    """Rounds verify against probabilities() under every config, so an exact rule asked for
+    by name under greedy sampling decides on one-hot p and reproduces plain greedy output."""
+    config = specjax.GenerationConfig(max_new_tokens=12)
+    plain = specjax.generate(target, RAGGED_PROMPTS, config).tokens
+    for speculative in (
+        specjax.SpeculativeConfig(num_speculative_tokens=3, rule=rejection_sampling_rule),
+        specjax.SpeculativeConfig(tree="full:2:2", rule=tree_rejection_rule),
+    ):
+        out = specjax.generate(target, RAGGED_PROMPTS, config, draft=noisy_draft, speculative=speculative)
+        assert out.tokens == plain
+        assert 0.0 < out.stats.acceptance_rate < 1.0
 
 
 # --- The whole engine, on tiny models with a 8-token vocabulary ------------------------------
@@ -77,12 +160,12 @@ VOCAB8 = TARGET_CONFIG.replace(vocab_size=8)
 PROMPT = [1, 2, 3]
 
 
-def _exact_joint(target, sampling: specjax.SamplingConfig) -> np.ndarray:
+def _exact_joint(target, sampling: SamplingConfig) -> np.ndarray:
     """p(t1, t2 | prompt) under the processed target distribution -> [V * V]."""
     vocab = target.config.vocab_size
-    first = specjax.probabilities(jnp.asarray(specjax.logits(target, [PROMPT])[0, -1]), sampling)
-    seconds = specjax.logits(target, [[*PROMPT, t] for t in range(vocab)])[:, -1]  # [V, V]
-    second = specjax.probabilities(jnp.asarray(seconds), sampling)
+    first = probabilities(jnp.asarray(specjax.io.model.logits(target, [PROMPT])[0, -1]), sampling)
+    seconds = specjax.io.model.logits(target, [[*PROMPT, t] for t in range(vocab)])[:, -1]  # [V, V]
+    second = probabilities(jnp.asarray(seconds), sampling)
     return np.asarray(first[:, None] * second).reshape(-1)
 
 
@@ -104,8 +187,8 @@ SAMPLINGS = {
 def test_speculative_sampling_joint_of_first_two_tokens(pair8, sampling_name, rule_name):
     target, draft = pair8
     kwargs = SAMPLINGS[sampling_name]
-    expected = _exact_joint(target, specjax.SamplingConfig(**kwargs))
-    draft_joint = _exact_joint(draft, specjax.SamplingConfig(**kwargs))
+    expected = _exact_joint(target, SamplingConfig(**kwargs))
+    draft_joint = _exact_joint(draft, SamplingConfig(**kwargs))
     assert 0.5 * np.abs(expected - draft_joint).sum() > 0.2, "draft too close to target for a negative control"
 
     rule = None if rule_name == "exact" else always_accept_rule
@@ -123,7 +206,7 @@ def test_speculative_sampling_joint_of_first_two_tokens(pair8, sampling_name, ru
 
 def test_plain_sampling_joint_of_first_two_tokens(pair8):
     target, _ = pair8
-    expected = _exact_joint(target, specjax.SamplingConfig(temperature=1.0))
+    expected = _exact_joint(target, SamplingConfig(temperature=1.0))
     out = specjax.generate(
         target, [PROMPT] * SAMPLES, specjax.GenerationConfig.at_temperature(1.0, max_new_tokens=2, seed=2)
     )
@@ -174,15 +257,15 @@ def test_same_seed_same_output_and_seeds_differ(target, noisy_draft):
 
 def test_top_k_and_top_p_truncate_the_distribution():
     logits = jnp.log(jnp.asarray([0.5, 0.2, 0.15, 0.1, 0.05]))
-    top2 = np.asarray(specjax.probabilities(logits, specjax.SamplingConfig(1.0, top_k=2)))
+    top2 = np.asarray(probabilities(logits, SamplingConfig(1.0, top_k=2)))
     np.testing.assert_allclose(top2, [0.5 / 0.7, 0.2 / 0.7, 0, 0, 0], rtol=1e-5)
     # top_p 0.8: 0.5 + 0.2 = 0.7 < 0.8, so 0.15 is needed to reach the mass; 0.1 is not.
-    nucleus = np.asarray(specjax.probabilities(logits, specjax.SamplingConfig(1.0, top_p=0.8)))
+    nucleus = np.asarray(probabilities(logits, SamplingConfig(1.0, top_p=0.8)))
     np.testing.assert_allclose(nucleus, np.array([0.5, 0.2, 0.15, 0, 0]) / 0.85, rtol=1e-5)
-    cold = np.asarray(specjax.probabilities(logits, specjax.SamplingConfig(0.5)))
+    cold = np.asarray(probabilities(logits, SamplingConfig(0.5)))
     np.testing.assert_allclose(cold, np.array([0.5, 0.2, 0.15, 0.1, 0.05]) ** 2 / 0.325, rtol=1e-5)
     # min_p 0.25: the floor is 0.25 x 0.5 = 0.125, so 0.15 stays and 0.1 goes.
-    floor = np.asarray(specjax.probabilities(logits, specjax.SamplingConfig(1.0, min_p=0.25)))
+    floor = np.asarray(probabilities(logits, SamplingConfig(1.0, min_p=0.25)))
     np.testing.assert_allclose(floor, np.array([0.5, 0.2, 0.15, 0, 0]) / 0.85, rtol=1e-5)
 
 
@@ -206,4 +289,4 @@ def test_filters_match_transformers_logits_processors(settings):
     scores = processors(torch.zeros((4, 1), dtype=torch.long), torch.from_numpy(logits))
     expected = torch.softmax(scores, dim=-1).numpy()
     ours = specjax.GenerationConfig.at_temperature(**{"temperature": 1.0, **settings}).sampling
-    np.testing.assert_allclose(np.asarray(specjax.probabilities(jnp.asarray(logits), ours)), expected, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(probabilities(jnp.asarray(logits), ours)), expected, atol=1e-6)

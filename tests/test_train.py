@@ -77,3 +77,25 @@ def test_kill_9_during_training_then_resume(tmp_path):
     resumed = train(config, run_dir, progress=False)  # already complete: restores the final checkpoint
     straight = train(config, tmp_path / "straight", progress=False)
     _assert_same_params(resumed.params, straight.params)
+
+
+def _checkpoint_steps(run_dir) -> list[int]:
+    return sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+
+
+def test_only_the_newest_checkpoints_are_kept_and_resume_still_works(tmp_path):
+    """keep_checkpoints bounds the disk a run uses (each checkpoint: params + AdamW state) and only
+    says how the run is kept: a resume may change it, and reaches the uninterrupted parameters."""
+    straight = train(_config(12), tmp_path / "straight", progress=False)
+    assert _checkpoint_steps(tmp_path / "straight") == [12]  # the default keeps one: the resume point
+    keep_two = load_config(TrainConfig, None, [*TINY, "steps=12", "keep_checkpoints=2"])
+    train(keep_two, tmp_path / "resumed", progress=False, stop_after=6)
+    assert _checkpoint_steps(tmp_path / "resumed") == [4, 6]  # every 4 steps, and where the run stopped
+    resumed = train(_config(12), tmp_path / "resumed", progress=False)  # keeping one now
+    _assert_same_params(resumed.params, straight.params)
+    assert _checkpoint_steps(tmp_path / "resumed") == [12]
+    # A run shorter than checkpoint_every saves its last step only (orbax alone also saved step 1).
+    train(_config(3), tmp_path / "short", progress=False)
+    assert _checkpoint_steps(tmp_path / "short") == [3]
+    with pytest.raises(ValueError, match="keep_checkpoints must be >= 1"):
+        load_config(TrainConfig, None, [*TINY, "keep_checkpoints=0"])

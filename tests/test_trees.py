@@ -17,7 +17,9 @@ from conftest import RAGGED_PROMPTS, TARGET_CONFIG, noisy_copy, scaled_model
 import specjax
 from specjax.bench.distribution import chi_square_p_value
 from specjax.core.loop import prefill
-from specjax.core.sampling import sample
+from specjax.core.sampling import SamplingConfig, probabilities, sample
+from specjax.drafters import DraftModel, LayerSkip, PromptLookup
+from specjax.engine.tune import measure_acceptance, tune_tree
 from specjax.trees import Tree, tree_greedy_rule, tree_no_residual_rule, tree_rejection_rule
 
 P_VALUE_PASS = 1e-3
@@ -170,7 +172,7 @@ TREES = {
 @pytest.mark.parametrize("drafter_name", ["draft_model", "layer_skip"])
 def test_tree_greedy_equals_plain_greedy(pair, plain, tree_name, drafter_name):
     target, draft = pair
-    drafter = specjax.DraftModel(draft) if drafter_name == "draft_model" else specjax.LayerSkip(layers=1)
+    drafter = DraftModel(draft) if drafter_name == "draft_model" else LayerSkip(layers=1)
     out = specjax.generate(target, RAGGED_PROMPTS, GREEDY, draft=drafter, speculative=_tree(TREES[tree_name]))
     assert out.tokens == plain.tokens
     assert out.stats.accepted_tokens > 0
@@ -250,12 +252,12 @@ PROMPT = [1, 2, 3]
 SAMPLES = 6000
 
 
-def _exact_joint(target, sampling: specjax.SamplingConfig) -> np.ndarray:
+def _exact_joint(target, sampling: SamplingConfig) -> np.ndarray:
     """p(t1, t2 | prompt) under the processed target distribution -> [V * V]."""
     vocab = target.config.vocab_size
-    first = specjax.probabilities(jnp.asarray(specjax.logits(target, [PROMPT])[0, -1]), sampling)
-    seconds = specjax.logits(target, [[*PROMPT, t] for t in range(vocab)])[:, -1]  # [V, V]
-    second = specjax.probabilities(jnp.asarray(seconds), sampling)
+    first = probabilities(jnp.asarray(specjax.io.model.logits(target, [PROMPT])[0, -1]), sampling)
+    seconds = specjax.io.model.logits(target, [[*PROMPT, t] for t in range(vocab)])[:, -1]  # [V, V]
+    second = probabilities(jnp.asarray(seconds), sampling)
     return np.asarray(first[:, None] * second).reshape(-1)
 
 
@@ -295,7 +297,7 @@ def test_tree_sampling_joint_of_first_two_tokens(pair8, sampling_name, candidate
         target,
         [PROMPT] * SAMPLES,
         config,
-        draft=specjax.DraftModel(draft, tree_candidates=candidates),
+        draft=DraftModel(draft, tree_candidates=candidates),
         speculative=_tree(
             Tree.from_paths([(0,), (1,), (2,), (0, 0), (1, 0), (0, 1)]),
             rule=None if rule_name == "exact" else tree_no_residual_rule,
@@ -321,7 +323,7 @@ def test_tree_errors_name_the_problem(pair):
     with pytest.raises(ValueError, match="tree paths must be a list of tuples"):
         _tree(5)
     with pytest.raises(ValueError, match="cannot expand a token tree"):
-        specjax.generate(target, [[1, 2]], draft=specjax.PromptLookup(), speculative=_tree(Tree.chain(2)))
+        specjax.generate(target, [[1, 2]], draft=PromptLookup(), speculative=_tree(Tree.chain(2)))
     with pytest.raises(ValueError, match="headroom"):
         specjax.generate(
             target,
@@ -340,10 +342,10 @@ def test_tuned_tree_beats_the_chain_of_equal_width(pair):
     and its predicted tokens per round is close to what the engine then measures."""
     target, draft = pair
     prompts = [[i, i + 1, i + 2] for i in range(1, 13)]
-    table = specjax.measure_acceptance(target, draft, prompts, max_new_tokens=24, max_depth=6, max_rank=4)
+    table = measure_acceptance(target, draft, prompts, max_new_tokens=24, max_depth=6, max_rank=4)
     assert table.shape == (6, 4)
     assert np.all(table >= 0) and np.all(table.sum(axis=1) <= 1 + 1e-9)  # ranks are disjoint events
-    tuned = specjax.tune_tree(target, draft, prompts, num_nodes=8, max_new_tokens=24, max_depth=6, max_rank=4)
+    tuned = tune_tree(target, draft, prompts, num_nodes=8, max_new_tokens=24, max_depth=6, max_rank=4)
     assert tuned == Tree.from_acceptance(table, 8) and tuned.num_nodes == 8
     measured = {}
     for name, tree in {"tuned": tuned, "chain": Tree.chain(8)}.items():
@@ -362,7 +364,7 @@ def test_tuning_reads_a_multi_layer_heads_own_features():
     prompts = ["def parse_args(self):\n", "import os\nimport sys\n", "class Config:\n", "for i in range(10):\n"]
     for name in ("stdlib-eagle3", "stdlib-eagle3-published"):
         head = specjax.load_drafter(name, target)
-        table = specjax.measure_acceptance(target, head, prompts, max_new_tokens=24, max_depth=2, max_rank=2)
+        table = measure_acceptance(target, head, prompts, max_new_tokens=24, max_depth=2, max_rank=2)
         out = specjax.generate(target, prompts, GREEDY, draft=head, speculative=_tree(Tree.chain(1)))
         # Not equal: the table counts every position (96), decoding only round starts (~57).
         assert abs(table[0, 0] - out.stats.acceptance_rate) < 0.1, (name, table[0, 0], out.stats.acceptance_rate)

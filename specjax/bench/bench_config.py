@@ -4,7 +4,7 @@ A model is named (an embedded model, a random preset or a local HF directory) or
 as a `ModelConfig` mapping, which builds a random-weight model of that shape: cost does
 not depend on training, so cost experiments can run a 1B-parameter bf16 target that was
 never trained, while acceptance is always measured on the (trained) `target`/`draft` pair.
-`draft` may also be any drafter (see drafter_spec.py), e.g. {kind: prompt_lookup}.
+`draft` may be any drafter (a SpeculativeConfig: see drafter_spec.py), e.g. {method: ngram}.
 
 The settings every experiment shares are `_Settings` below; each experiment's section
 (`k_sweep:`, `trees:`, ...) is the dataclass its module defines, and BenchConfig gets one
@@ -19,7 +19,7 @@ import typing
 from collections.abc import Sequence
 
 from specjax.bench import experiments
-from specjax.bench.drafter_spec import DrafterSpec, Raw, parse_draft
+from specjax.bench.drafter_spec import Raw, parse_draft
 from specjax.bench.experiments.shared import Experiment
 from specjax.bench.prompt_sets import Prompts, parse_prompts
 from specjax.models import ModelConfig
@@ -40,7 +40,7 @@ class _Settings:
     """The fields of BenchConfig that are no experiment's section, in their order."""
 
     target: ModelSpec = "stdlib-target"
-    draft: str | ModelConfig | DrafterSpec | Raw = "stdlib-draft"  # a model, or any drafter mapping
+    draft: str | Raw = "stdlib-draft"  # any drafter: a name or a SpeculativeConfig mapping
     # Models for the cost experiments (E2, E4, E5) when they should differ from the pair,
     # e.g. a large random-weight target on a GPU; their predictions use the pair's acceptance.
     cost_target: ModelSpec | None = None

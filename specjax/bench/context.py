@@ -13,11 +13,11 @@ import jax
 from tqdm.auto import tqdm
 
 from specjax.bench.cost_model import CostTable, forward_estimate
-from specjax.bench.drafter_spec import DrafterSpec, DraftSpec, build_drafter, describe_spec
 from specjax.bench.measure import DRAFT, POOLED, RunSpec, Workload, acceptance, adaptive_specs_for, measure
 from specjax.bench.prompt_sets import load_prompts
 from specjax.bench.timing import matmul_flops, memory_bandwidth, repeat_values
-from specjax.drafters import Drafter, as_drafter
+from specjax.config import SpeculativeConfig
+from specjax.drafters import Drafter, as_drafter, make_drafter
 from specjax.drafters.pair_placement import shard_pair
 from specjax.engine.timed_loops import draft_model_of
 from specjax.io.model import Model, init_model
@@ -44,14 +44,15 @@ def describe(model: Model, spec: ModelSpec | None) -> dict:
     return {"name": name, "parameters": model.num_parameters, "dtype": model.config.dtype, "config": vars(model.config)}
 
 
-def describe_drafter(drafter: Drafter, spec: DraftSpec | None) -> dict:
+def describe_drafter(drafter: Drafter, spec: SpeculativeConfig | None) -> dict:
     """A draft model as `describe` does; any other drafter by its kind and configuration."""
     model = draft_model_of(drafter)
-    if model is not None and not isinstance(spec, DrafterSpec):  # a model name, shape or object
-        return {**describe(model, spec), "kind": drafter.name}
+    named = spec is not None and list(spec.drafter_arguments()) == ["model"] and spec.method in (None, "draft_model")
+    if model is not None and (spec is None or named):  # a model name, shape or object
+        return {**describe(model, None if spec is None else spec.model), "kind": drafter.name}
     weights = jax.tree.leaves(drafter.weights())
     return {
-        "name": describe_spec(spec) if spec is not None else f"{type(drafter).__name__} object (Python API)",
+        "name": spec.describe() if spec is not None else f"{type(drafter).__name__} object (Python API)",
         "kind": drafter.name,
         "parameters": sum(int(w.size) for w in weights),  # its own weights (layer skip reads the target's)
         "drafter": repr(drafter.without_weights()),
@@ -107,8 +108,8 @@ class BenchContext:
             self._models[spec] = load_model(spec, self.config.seed + 1)
         return self._models[spec]
 
-    def build_drafter(self, spec: DraftSpec) -> Drafter:
-        return build_drafter(spec, self.load, self.target.config)
+    def build_drafter(self, spec: SpeculativeConfig) -> Drafter:
+        return make_drafter(spec, self.load, self.target.config)
 
     def _methods(self) -> dict[str, Drafter]:
         """E8's drafters by label (a method without a spec uses the bench's `draft`)."""
@@ -207,5 +208,6 @@ class BenchContext:
         }
         if self.separate_cost_models:
             out["cost_target"] = describe(self.cost_target, c.cost_target or c.target)
-            out["cost_draft"] = describe_drafter(self.cost_draft, c.cost_draft or c.draft)
+            cost_draft = c.draft if c.cost_draft is None else SpeculativeConfig(model=c.cost_draft)
+            out["cost_draft"] = describe_drafter(self.cost_draft, cost_draft)
         return out

@@ -153,26 +153,33 @@ class CostTable:
         times = interleaved(calls, self.repeats, warmup=1)
         self._seconds.update({key: median(t) / self.inner for key, t in times.items()})
 
-    def seconds(self, model: Model, batch: int, width: int, context: int) -> float:
-        key = (id(model.params), model.config, batch, width, context)
+    def seconds(self, model: Model, batch: int, width: int, context: int, fill: int | None = None) -> float:
+        """One forward of [batch, width] tokens on a cache of `context` slots holding `fill`
+        tokens (None: the last `width` slots, the widest attention the cache allows; a loop
+        iteration is timed at half the cache, engine/timed_loops.py)."""
+        key = (id(model.params), model.config, batch, width, context, fill)
         if key not in self._seconds:
-            self._seconds[key] = self._measure(model, batch, width, context)
+            self._seconds[key] = self._measure(model, batch, width, context, fill)
         return self._seconds[key]
 
-    def _measure(self, model: Model, batch: int, width: int, context: int) -> float:
-        if width > context:
-            raise ValueError(f"a forward of width {width} does not fit a cache of {context} slots")
+    def _measure(self, model: Model, batch: int, width: int, context: int, fill: int | None) -> float:
+        start = context - width if fill is None else fill
+        if not 0 <= start <= context - width:
+            raise ValueError(f"a forward of width {width} after {start} tokens does not fit a cache of {context} slots")
         tokens = jnp.ones((batch, width), jnp.int32)
-        # The last `width` slots: the widest attention this cache length allows.
-        positions = jnp.broadcast_to(jnp.arange(context - width, context, dtype=jnp.int32), (batch, width))
-        cache = init_cache(model.config, batch, context).replace(lengths=jnp.full((batch,), context - width))
+        positions = jnp.broadcast_to(jnp.arange(start, start + width, dtype=jnp.int32), (batch, width))
+        cache = init_cache(model.config, batch, context).replace(lengths=jnp.full((batch,), start))
 
         def call():
             nonlocal cache
             cache, checksum = _forwards(model.config, model.params, tokens, cache, positions, self.inner)
             return checksum
 
-        jax.block_until_ready(call())  # compile
+        # Two warm-up calls: the first compiles for the fresh cache, the second for the cache
+        # the first returns (donated and committed, another jit key). With one, the first timed
+        # call compiled too, and a median of 2 repeats came out 1000x a forward.
+        jax.block_until_ready(call())
+        jax.block_until_ready(call())
         return median([timed(call) for _ in range(self.repeats)]) / self.inner
 
 
@@ -215,8 +222,11 @@ def round_seconds(
     context: int,
     temperature: float = 0.0,
     share: str = "auto",
+    fill: int | None = None,
 ) -> dict:
     """What one speculative round and one plain step cost, and the draft's share of a round.
+
+    fill: the cache fill the forwards are timed at (CostTable.seconds; None: a full cache).
 
     As executed: whole loop iterations (`iteration_seconds`), which add sampling,
     acceptance, commit and dispatch; predictions use these. The draft share, two ways
@@ -236,12 +246,12 @@ def round_seconds(
     out = {
         "plain_step_seconds": costs.iteration_seconds(target, None, batch, 0, context, temperature),
         "round_seconds": costs.iteration_seconds(target, drafter, batch, k, context, temperature),
-        "plain_forward_seconds": costs.seconds(target, batch, 1, context),
-        "verify_forward_seconds": costs.seconds(target, batch, k + 1, context),
+        "plain_forward_seconds": costs.seconds(target, batch, 1, context, fill),
+        "verify_forward_seconds": costs.seconds(target, batch, k + 1, context, fill),
     }
     if share == "forwards" or (share == "auto" and model is not None):
-        catch_up = costs.seconds(model, batch, drafter.catch_up, context)
-        forwards = catch_up + (k - 1) * costs.seconds(model, batch, 1, context)
+        catch_up = costs.seconds(model, batch, drafter.catch_up, context, fill)
+        forwards = catch_up + (k - 1) * costs.seconds(model, batch, 1, context, fill)
         share_of_round = forwards / (forwards + out["verify_forward_seconds"])
         out.update(draft_forward_seconds=forwards, draft_share=share_of_round, draft_share_definition="forwards")
     else:

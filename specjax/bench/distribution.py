@@ -60,7 +60,7 @@ def distribution_test(
     p1, p2 = exact_first_two(target, prompt, sampling)
     rows = []
     for name, rule in (("rejection_sampling", None), ("always_accept (negative control)", always_accept_rule)):
-        config = GenerationConfig.at_temperature(temperature, max_new_tokens=2, seed=seed)
+        config = GenerationConfig.at_temperature(temperature, max_new_tokens=2, seed=seed, ignore_eos=True)
         speculative = SpeculativeConfig(num_speculative_tokens=k, rule=rule)
         out = generate(target, [prompt] * samples, config, draft=draft, speculative=speculative)
         tokens = np.asarray(out.tokens)  # [samples, 2]

@@ -90,7 +90,11 @@ class Workload:
 
     def config(self, spec: RunSpec) -> GenerationConfig:
         return GenerationConfig.at_temperature(
-            spec.temperature, max_new_tokens=self.max_new_tokens, seed=self.seed, cache=self.cache_config
+            spec.temperature,
+            max_new_tokens=self.max_new_tokens,
+            seed=self.seed,
+            cache=self.cache_config,
+            ignore_eos=True,  # fixed lengths: every row of every configuration times the same tokens
         )
 
 

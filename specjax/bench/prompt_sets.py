@@ -4,9 +4,13 @@ A config's `prompts:` is one source or a list of them (`Prompts` below); every p
 a category, and every metric is reported per category as well as pooled ("all").
 
 Files (`file: PATH`, relative to the working directory):
-  .jsonl  one JSON object per line, with `prompt` (a string) or Spec-Bench's `turns` (a
+  .jsonl  one JSON object per line, with `prompt` (a string), Spec-Bench's `turns` (a
           list of strings: the first turn is the prompt, since later turns need the
-          model's own replies), and an optional `category`. Blank lines are skipped.
+          model's own replies) or OpenAI `messages` (what `specjax regenerate` writes, and
+          `tools` beside them if any), and an optional `category`. Blank lines are skipped.
+          A `messages` chat ending in an assistant turn is the prompt up to (not including)
+          that turn, otherwise the whole chat; it must hold a user turn. Being a chat, it is
+          always rendered by the tokenizer's chat template (a `Chat`, not a string).
   other   plain text: prompts are separated by one or more blank lines, so a prompt may
           span several lines (code), and its line breaks are kept. One category per file.
   A prompt without a category of its own takes the source's `category`, else the file's
@@ -27,6 +31,10 @@ from pathlib import Path
 
 from specjax.configs import from_dict
 from specjax.training.data import held_out_prompts
+from specjax.training.dataset_records import BadRecord
+from specjax.training.dataset_records import _messages as chat_messages
+from specjax.training.dataset_records import _tools as chat_tools
+from specjax.training.datasets import render_chat
 
 CORPUS_COUNT = 8  # held-out prompts per corpus source when `count` is not given
 
@@ -88,11 +96,43 @@ class PromptSet:
         return list(dict.fromkeys(self.categories))
 
 
-def _jsonl_text(record, where: str) -> str:
+@dataclasses.dataclass(frozen=True)
+class Chat:
+    """A prompt that is a conversation awaiting the assistant's reply (a `messages` record):
+    encoded by the tokenizer's chat template, with its tool definitions if it has any."""
+
+    messages: tuple[dict, ...]  # {role: system | user | assistant | tool, content, ...}; ends before the reply
+    tools: tuple[dict, ...] | None = None
+
+    def __str__(self) -> str:  # what a listing shows of it: the question it ends with
+        return next(m["content"] for m in reversed(self.messages) if m["role"] == "user")
+
+
+Prompt = str | Chat  # one prompt as read from a file: text, or a chat (encode() renders it)
+
+
+def _jsonl_chat(record: dict, where: str) -> Chat:
+    """The prompt of a `messages` record: the chat before its final assistant turn (module docstring)."""
+    try:
+        messages, tools = chat_messages(record, "messages", answers_optional=True), chat_tools(record, "messages")
+    except BadRecord as bad:
+        raise ValueError(f"{where}: not a valid 'messages' chat ({bad.reason.replace('_', ' ')}: {bad.detail})") from None
+    if messages[-1]["role"] == "assistant":  # the answer (regenerate's output ends with one): not prompt
+        messages = messages[:-1]
+    if not any(m["role"] == "user" for m in messages):
+        roles = [m["role"] for m in messages]
+        raise ValueError(f"{where}: the chat's prompt (before its final assistant turn) has no user turn: roles {roles}")
+    return Chat(tuple(messages), tools)
+
+
+def _jsonl_text(record, where: str) -> Prompt:
     if not isinstance(record, dict):
         raise ValueError(
-            f"{where}: expected a JSON object with a 'prompt' or 'turns' field, got {type(record).__name__}"
+            f"{where}: expected a JSON object with a 'prompt', 'turns' or 'messages' field, "
+            f"got {type(record).__name__}"
         )
+    if "messages" in record:
+        return _jsonl_chat(record, where)
     if "prompt" in record:
         text = record["prompt"]
     elif "turns" in record:
@@ -101,13 +141,15 @@ def _jsonl_text(record, where: str) -> str:
             raise ValueError(f"{where}: 'turns' must be a non-empty list of strings, got {turns!r}")
         text = turns[0]
     else:
-        raise ValueError(f"{where}: the object has neither a 'prompt' nor a 'turns' field (keys: {sorted(record)})")
+        raise ValueError(
+            f"{where}: the object has no 'prompt', 'turns' or 'messages' field (keys: {sorted(record)})"
+        )
     if not isinstance(text, str):
         raise ValueError(f"{where}: the prompt must be a string, got {text!r}")
     return text
 
 
-def read_jsonl(path: Path, default_category: str, text: str | None = None) -> list[tuple[str, str]]:
+def read_jsonl(path: Path, default_category: str, text: str | None = None) -> list[tuple[str, Prompt]]:
     """(category, text) per non-blank line; `text`: the file's content when already read (stdin)."""
     out = []
     content = path.read_text(encoding="utf-8") if text is None else text
@@ -139,7 +181,7 @@ def read_text(path: Path, category: str, text: str | None = None) -> list[tuple[
     return [(category, block) for block in blocks]
 
 
-def read_source(source: Prompts) -> list[tuple[str, str]]:
+def read_source(source: Prompts) -> list[tuple[str, Prompt]]:
     """(category, text) of one source, in order."""
     if source.file is None:
         count = source.count or CORPUS_COUNT
@@ -149,8 +191,9 @@ def read_source(source: Prompts) -> list[tuple[str, str]]:
     return prompts[: source.count] if source.count else prompts
 
 
-def read_prompt_file(file: str, category: str | None = None, what: str = "prompt file") -> list[tuple[str, str]]:
-    """(category, text) of every prompt in a .jsonl or text file (see the module docstring);
+def read_prompt_file(file: str, category: str | None = None, what: str = "prompt file") -> list[tuple[str, Prompt]]:
+    """(category, prompt) of every prompt in a .jsonl or text file (see the module docstring): a
+    string, or a `Chat` for a `messages` record, which `encode` renders with the chat template;
     "-" reads standard input (JSONL when its first non-blank character is "{", else text)."""
     if file == "-":
         import sys
@@ -168,24 +211,29 @@ def read_prompt_file(file: str, category: str | None = None, what: str = "prompt
     prompts = read_jsonl(path, category, content) if is_jsonl else read_text(path, category, content)
     if not prompts:
         raise ValueError(f"{what}: {path} holds no prompts")
-    empty = [i for i, (_, text) in enumerate(prompts) if not text.strip()]
+    empty = [i for i, (_, text) in enumerate(prompts) if isinstance(text, str) and not text.strip()]
     if empty:
         raise ValueError(f"{what}: {path}: prompt {empty[0]} is empty")
     return prompts
 
 
-def encode(tokenizer, text: str, chat_template: bool) -> list[int]:
-    """Token ids of one prompt; with `chat_template`, as one user turn awaiting the reply."""
-    if not chat_template:
+def encode(tokenizer, text: Prompt, chat_template: bool) -> list[int]:
+    """Token ids of one prompt; with `chat_template`, as one user turn awaiting the reply. A
+    `Chat` is always rendered by the template (its turns mean nothing as raw text)."""
+    if not chat_template and not isinstance(text, Chat):
         return tokenizer.encode(text)
     if getattr(tokenizer, "apply_chat_template", None) is None or getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError(
-            f"a chat template was asked for (--chat, or prompts.chat_template in a bench config), but the target's "
-            f"tokenizer ({type(tokenizer).__name__}) has none: specjax's byte-level models are trained on raw text. "
-            "Drop it, or use a model whose tokenizer defines a chat template."
+        asked = (
+            "a prompt is a chat (a 'messages' record)"
+            if isinstance(text, Chat)
+            else "a chat template was asked for (--chat, or prompts.chat_template in a bench config)"
         )
-    messages = [{"role": "user", "content": text}]
-    templated = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        raise ValueError(
+            f"{asked}, but the target's tokenizer ({type(tokenizer).__name__}) has no chat template: specjax's "
+            "byte-level models are trained on raw text. Use plain prompts, or a model whose tokenizer defines one."
+        )
+    chat = text if isinstance(text, Chat) else Chat(({"role": "user", "content": text},))
+    templated = render_chat(tokenizer, chat.messages, chat.tools, add_generation_prompt=True)
     return tokenizer.encode(templated, add_special_tokens=False)  # the template holds its own special tokens
 
 

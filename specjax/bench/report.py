@@ -44,8 +44,9 @@ DEFINITIONS = {
     "ms_per_iteration": "(latency - TTFT) / (target forwards per request - 1): one plain step or one speculative round",
     "cost_round_seconds": "cost model: one speculative round timed in isolation (a loop of rounds at the "
     "generation's cache length; static shapes make it independent of acceptance)",
-    "non_forward_ms_per_iteration": "ms_per_iteration minus the model forwards in it: draft sampling, acceptance, "
-    "commit and per-op dispatch",
+    "non_forward_ms_per_iteration": "one loop iteration (plain step or round) minus the model forwards in it, both "
+    "timed in isolation at the same cache length: draft sampling, acceptance, commit and per-op dispatch; a "
+    "difference below zero is timing noise, recorded as 0 with the difference as non_forward_noise_ms",
     "predicted_speedup": "cost model: expected tokens per round (from the per-position acceptance measured at the "
     "largest K) x plain step time / round time, both loop iterations timed in isolation in this run",
     "output_matches_plain": "greedy only: speculative tokens equal plain greedy tokens for every prompt",
@@ -205,6 +206,8 @@ def summary_markdown(results: dict) -> str:
         f"- jax {env['jax']}, flax {env['flax']}, Python {env['python']}",
         f"- specjax {env['specjax']} (commit {env['git_commit']})",
     ]
+    if results.get("command"):
+        lines.append(f"- command: `{results['command']}`")
     for role, model in models.items():
         lines.append(f"- {role}: {_describe(model)}")
     if results.get("machine"):
@@ -247,6 +250,18 @@ def summary_markdown(results: dict) -> str:
             ]
         lines += ["", f"![{name}]({experiment['plot']})"]
     return "\n".join(lines) + "\n"
+
+
+def summary_line(experiment: dict) -> str:
+    """An experiment's summary in one line (what `specjax bench` prints): scalars as `key=value`,
+    per-value mappings (E4's speedup by batch) as `key={a: v, ...}`, so no experiment's line is empty."""
+
+    def value(v) -> str:
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k}: {value(x)}" for k, x in v.items()) + "}"
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    return ", ".join(f"{k}={value(v)}" for k, v in experiment["summary"].items())
 
 
 def write_results(results: dict, out_dir: Path) -> None:

@@ -6,6 +6,7 @@ Each chosen experiment comes from the registry the config was built from
 
 from __future__ import annotations
 
+import shlex
 import time
 from pathlib import Path
 
@@ -28,11 +29,14 @@ def run_bench(
     target: Model | None = None,
     draft: Model | Drafter | None = None,
     progress=True,
+    command: list[str] | None = None,
 ) -> dict:
     """Run the config's experiments in order; write results.json, CSVs, plots and summary.md.
 
     `target` (a Model) and `draft` (a Model or any Drafter), objects from the Python API,
-    replace the config's. Returns the results dictionary that results.json holds.
+    replace the config's. `command`: the command line that reruns this bench (the CLI passes
+    its own), recorded in results.json and summary.md; None from the Python API (no command
+    reruns objects passed in). Returns the results dictionary that results.json holds.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -40,6 +44,7 @@ def run_bench(
     ctx = BenchContext(config, target=target, draft=draft, progress=progress)
     results = {
         "schema_version": SCHEMA_VERSION,
+        "command": shlex.join(command) if command else None,
         "config": to_dict(config),
         "environment": environment(),
         # The machine's load average at the start and (after each experiment) the end: a run

@@ -223,16 +223,16 @@ def add_bench(subparsers):
 def _bench(args) -> int:
     from specjax.bench import run_bench
     from specjax.bench.bench_config import bench_config_class
+    from specjax.bench.report import summary_line
     from specjax.configs import load_config
 
     config = load_config(bench_config_class(), args.config, args.set)  # the sections of every registered experiment
-    results = run_bench(config, args.out, progress=_quiet(args))
+    sets = [part for value in args.set for part in ("--set", value)]
+    config_args = ["--config", args.config] if args.config else []
+    command = ["specjax", "bench", *config_args, "--out", args.out, *sets]  # recorded: what reruns it
+    results = run_bench(config, args.out, progress=_quiet(args), command=command)
     for name, experiment in results["experiments"].items():
-        summary = ", ".join(
-            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in experiment["summary"].items()
-            if not isinstance(v, dict)
-        )
+        summary = summary_line(experiment)
         compiled = experiment["compiled_programs"]
         print(f"{experiment['id']} {name} ({experiment['seconds']:.0f} s, {compiled} programs compiled): {summary}")
     print(f"wrote {args.out}/results.json, results.csv, summary.md and one PNG + CSV per experiment")

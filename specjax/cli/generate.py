@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 import jax
 
@@ -51,22 +50,27 @@ def add_generate(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--target", default=default_target, help=f"target model: {names}")
     p.add_argument(
-        "--draft",
-        default=None,
-        help=f"draft model (when --drafter is not given): {names}. Default: {default_draft} for the "
-        f"{default_target} target (random-draft for random-target); other targets need --draft or --drafter",
-    )
-    p.add_argument(
         "--drafter",
+        "--draft",  # the earlier flag for draft models: the same spec now
+        dest="drafter",
         default=None,
-        help="how to draft, overriding --draft: prompt-lookup; layer-skip (half the target's layers) or "
-        f"layer-skip:N; a trained head ({heads}, or a directory saved by save_drafter; it must match the target it "
-        "was trained for); a model name like --draft; or a YAML mapping such as '{kind: prompt_lookup, max_ngram: "
-        "2}' or '{kind: fallback, first: prompt-lookup, then: stdlib-draft}'. Every drafter works with chains and "
-        "--adaptive; --tree works with draft models, layer skip, Medusa and EAGLE heads",
+        help=f"how to draft: a drafter's name, whose own files say what it is (a draft model: {names}; a trained "
+        f"head: {heads}; a PARD draft such as stdlib-pard-draft; any directory written by save_drafter, "
+        "save_model or distill; a published EAGLE/EAGLE-3/Medusa/speculators head directory), prompt-lookup, "
+        "layer-skip (half the target's layers) or layer-skip:N; or a SpeculativeConfig as a YAML mapping, e.g. "
+        "'{method: ngram, prompt_lookup_max: 2}', '{method: head, model: DIR, allow_transfer: true}' or "
+        "'{method: fallback, first: prompt-lookup, then: stdlib-draft}' (docs/drafters.md). "
+        f"Default: {default_draft} for the {default_target} target (random-draft for random-target); other targets "
+        "need --drafter or --plain",
     )
     p.add_argument("--plain", action="store_true", help="plain decoding with the target only (the baseline)")
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=4, help="draft tokens per round (K)")
+    p.add_argument(
+        "-k",
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        help="draft tokens per round (K); default: the --drafter mapping's num_speculative_tokens, else 4",
+    )
     p.add_argument(
         "--tree",
         default=None,
@@ -100,7 +104,19 @@ def add_generate(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--attention-block", type=int, default=256, help="attention reads the KV cache in blocks of this size"
     )
-    p.add_argument("--warmup", action="store_true", help="run once first so the timing excludes compilation")
+    p.add_argument(
+        "--warmup",
+        action="store_true",
+        help="decode once, untimed, before the timed run (compilation is timed apart either way)",
+    )
+    p.add_argument(
+        "--speedup",
+        action="store_true",
+        help="also decode the same prompts plainly (the target alone, same settings) and report the speedup: "
+        "plain decode time / speculative decode time, compilation excluded on both sides, with both tokens/s. "
+        "At temperature 0 the two outputs are also checked to be equal token for token (sampled outputs are "
+        "not compared: they follow the same distribution but draw other tokens)",
+    )
     p.add_argument(
         "--json",
         action="store_true",
@@ -116,8 +132,9 @@ def add_generate(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def read_prompts(args) -> list[str]:
-    """--prompt values, then --prompt-file's prompts; 'def ' when there are none."""
+def read_prompts(args) -> list:
+    """--prompt values, then --prompt-file's prompts (strings, or bench.prompt_sets.Chat for a
+    `messages` record); 'def ' when there are none."""
     prompts = list(args.prompt or [])
     if args.prompt_file is not None:
         from specjax.bench.prompt_sets import read_prompt_file
@@ -126,26 +143,33 @@ def read_prompts(args) -> list[str]:
     return prompts or ["def "]
 
 
-def encode_prompts(tokenizer, texts: list[str], chat: bool):
-    """Strings for the engine (it encodes them), or token ids when a chat template wraps them."""
-    if not chat:
+def encode_prompts(tokenizer, texts: list, chat: bool):
+    """Strings for the engine (it encodes them), or token ids when a chat template wraps them
+    (--chat, or a prompt file's `messages` chats, which are always rendered by the template)."""
+    if not chat and all(isinstance(text, str) for text in texts):
         return texts
     from specjax.bench.prompt_sets import encode
 
-    return [encode(tokenizer, text, chat_template=True) for text in texts]
+    return [encode(tokenizer, text, chat_template=chat) for text in texts]
+
+
+def drafter_spec(args):
+    """--drafter (a name or a YAML mapping) as the SpeculativeConfig it names, -k applied."""
+    from specjax.config import SpeculativeConfig
+
+    value = args.drafter or default_draft_for(args.target)
+    if value.lstrip().startswith("{"):
+        value = parse_yaml(value, "--drafter")
+    spec = SpeculativeConfig.parse(value, "--drafter")
+    if args.num_speculative_tokens is not None:
+        spec = spec.replace(num_speculative_tokens=args.num_speculative_tokens)
+    return spec
 
 
 def build_drafter(args, target):
-    from specjax.drafters import make_drafter
-    from specjax.io.presets import resolve_model
+    from specjax.api import load_drafter
 
-    def load(name: str):
-        return resolve_model(name, seed=args.seed + 1)
-
-    spec = args.drafter or args.draft or default_draft_for(args.target)
-    if spec.lstrip().startswith("{"):
-        spec = parse_yaml(spec, "--drafter")
-    return make_drafter(spec, load, target)  # the Model: a head checks the target's weights too
+    return load_drafter(drafter_spec(args), target, seed=args.seed)  # the Model: a head checks its weights too
 
 
 def default_draft_for(target: str) -> str:
@@ -155,8 +179,8 @@ def default_draft_for(target: str) -> str:
     pairs = {DEFAULT_TARGET: DEFAULT_DRAFT, "random-target": "random-draft"}
     if target not in pairs:
         raise ValueError(
-            f"no default draft for target {target!r}: give --drafter (prompt-lookup, layer-skip[:N], a head) "
-            "or --draft MODEL (one with the same tokenizer), or --plain"
+            f"no default draft for target {target!r}: give --drafter (prompt-lookup, layer-skip[:N], a head, "
+            "or a draft model with the same tokenizer), or --plain"
         )
     return pairs[target]
 
@@ -168,7 +192,7 @@ def settings(args, draft, tree) -> dict:
     return {
         "command": ["specjax", *sys.argv[1:]] if sys.argv and sys.argv[0].endswith("specjax") else None,
         "target": args.target,
-        "drafter": None if args.plain else (args.drafter or args.draft or default_draft_for(args.target)),
+        "drafter": None if args.plain else (args.drafter or default_draft_for(args.target)),
         "drafter_kind": None if draft is None else getattr(draft, "name", "draft_model"),
         "num_speculative_tokens": None if args.plain or tree is not None else args.num_speculative_tokens,
         "tree": None if tree is None else repr(tree),
@@ -191,13 +215,16 @@ def settings(args, draft, tree) -> dict:
 
 
 def generate_command(args) -> int:
-    from specjax.api import generate
+    from specjax.api import prepare
     from specjax.cli.summary import print_summary
+    from specjax.cli.timed_run import speedup_record, timed_run
     from specjax.config import GenerationConfig, SpeculativeConfig
     from specjax.core.loop import CacheConfig
     from specjax.io.presets import resolve_model
     from specjax.trees.tree import Tree
 
+    if args.num_speculative_tokens is None:  # -k not given: the --drafter mapping's K, else 4
+        args.num_speculative_tokens = 4 if args.plain else drafter_spec(args).num_speculative_tokens
     texts = read_prompts(args)
     target = resolve_model(args.target, seed=args.seed)
     tokenizer = target.tokenizer
@@ -220,22 +247,26 @@ def generate_command(args) -> int:
 
         target, draft = shard_pair(target, draft, mesh_from(args.mesh))
 
-    def run():
-        return generate(target, prompts, config, draft=draft, speculative=None if draft is None else speculative)
+    if args.speedup and draft is None:
+        raise ValueError("--speedup compares speculative decoding with plain decoding: drop --plain")
 
-    if args.warmup:
-        run()
-    start = time.perf_counter()
-    out = run()
-    seconds = time.perf_counter() - start
+    # Compilation is timed apart from decoding (cli/timed_run.py), and so is --speedup's plain run.
+    spec = None if draft is None else speculative
+    timed = timed_run(lambda: prepare(target, prompts, config, draft=draft, speculative=spec), args.warmup)
+    out = timed.output
+    comparison = None
+    if args.speedup:
+        plain = timed_run(lambda: prepare(target, prompts, config), args.warmup)
+        comparison = speedup_record(timed, plain, args.temperature)
     outputs = out.text if out.text is not None else [tokenizer.decode(t, skip_special_tokens=True) for t in out.tokens]
-    measuring = _measuring_seconds(out.stats) if not args.warmup else 0.0
+    measuring = _measuring_seconds(out.stats)
     timing = {
-        "seconds": seconds,
-        "generate_seconds": seconds - measuring,
+        **timed.timing(),
         "cost_measurement_seconds": measuring,
-        "tokens_per_second": out.stats.generated_tokens / max(seconds - measuring, 1e-9),
-        "includes_compile": not args.warmup,
+        "seconds": timed.prepare_seconds + timed.compile_seconds + timed.decode_seconds,
+        "generate_seconds": timed.decode_seconds,  # the name before compile_seconds was apart
+        "includes_compile": False,
+        "warmup": args.warmup,
         "backend": jax.default_backend(),
         "mesh": args.mesh,
     }
@@ -247,12 +278,15 @@ def generate_command(args) -> int:
             "timing": timing,
             "settings": settings(args, draft, tree),
         }
+        if comparison is not None:
+            record["speedup"] = comparison
         print(json.dumps(record))
         return 0
     for prompt, text in zip(texts, outputs, strict=True):
         # A chat answer is a new turn, not a continuation of the prompt's text.
-        print(f"--- {prompt!r}\n{prompt}{chr(10) if args.chat else ''}{text}")
-    print_summary(args, out.stats, tree, timing)
+        turn = args.chat or not isinstance(prompt, str)
+        print(f"--- {str(prompt)!r}\n{prompt}{chr(10) if turn else ''}{text}")
+    print_summary(args, out.stats, tree, timing, comparison)
     return 0
 
 

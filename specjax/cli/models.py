@@ -76,14 +76,14 @@ def _save_head(args) -> int:
     import dataclasses
     from pathlib import Path
 
-    from specjax.drafters.head_io import cast_floating, load_drafter, save_drafter
+    from specjax.drafters.head_io import cast_floating, load_head, save_drafter
     from specjax.io.presets import load_model
 
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"--out {out} exists and is not empty; choose a new directory")
     target = load_model(args.target)
-    head = load_drafter(args.head, target)
+    head = load_head(args.head, target)
     if args.dtype:
         head = dataclasses.replace(head, params=cast_floating(head.params, args.dtype))
     save_drafter(head, out, target_name=args.target, target=target, format=args.format)

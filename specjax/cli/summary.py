@@ -8,9 +8,10 @@ def _counted(rate: float, hits: int, total: int) -> str:
     return f"{rate:.2f} ({hits}/{total})"
 
 
-def print_summary(args, s, tree, timing: dict) -> None:
+def print_summary(args, s, tree, timing: dict, comparison: dict | None = None) -> None:
     """Print the statistics of one generation (`s`: GenerationStats) so that they reconcile:
-    emitted = rounds + accepted; generated = emitted - cut (by max_new_tokens or EOS)."""
+    emitted = rounds + accepted; generated = emitted - cut (by max_new_tokens or EOS).
+    `timing`: --json's timing; `comparison`: --speedup's record (cli/timed_run.py), or None."""
     print("---")
     mode = "plain" if args.plain else f"speculative K={args.num_speculative_tokens}"
     if args.adaptive and not args.plain:
@@ -50,10 +51,34 @@ def print_summary(args, s, tree, timing: dict) -> None:
                 where = f" ({costs['path']})" if costs.get("path") else ""
                 seconds = f" in {costs['seconds']:.1f} s" if costs.get("source") == "measured" else ""
                 print(f"round costs: {costs.get('source')}{seconds}{where}")
-    compile_note = "including compilation" if timing["includes_compile"] else "after warm-up"
+    print(timing_line(timing))
+    if comparison is not None:
+        print(speedup_line(comparison))
+
+
+def timing_line(timing: dict) -> str:
+    """Decode time and tokens/s (prefill and rounds, compilation excluded), then what else took time."""
+    warm = " after a warm-up decode" if timing.get("warmup") else ""
     measured = timing["cost_measurement_seconds"]
-    measuring = f" + {measured:.1f} s measuring round costs" if measured else ""
-    print(
-        f"{timing['generate_seconds']:.3f} s generating ({compile_note}){measuring}, "
-        f"{timing['tokens_per_second']:.1f} tokens/s on {timing['backend']}"
+    measuring = f", {measured:.1f} s measuring round costs" if measured else ""
+    return (
+        f"decode {timing['decode_seconds']:.3f} s{warm}, {timing['tokens_per_second']:.1f} tokens/s on "
+        f"{timing['backend']} (compile {timing['compile_seconds']:.1f} s apart{measuring})"
+    )
+
+
+def speedup_line(comparison: dict) -> str:
+    """--speedup: the ratio of decode times, both tokens/s, and the greedy check's verdict."""
+    plain, spec = comparison["plain"], comparison["speculative"]
+    if not comparison["greedy_checked"]:
+        check = "sampled, so outputs not compared (both follow the target's distribution)"
+    elif comparison["greedy_equal"]:
+        check = "greedy output equal to plain decoding token for token"
+    else:
+        where = comparison["first_difference"]
+        check = f"greedy output DIFFERS from plain decoding (first at row {where['row']}, token {where['token']})"
+    return (
+        f"speedup {comparison['speedup']:.2f}x over plain decoding ({spec['tokens_per_second']:.1f} vs "
+        f"{plain['tokens_per_second']:.1f} tokens/s; decode {spec['decode_seconds']:.3f} s vs "
+        f"{plain['decode_seconds']:.3f} s, compile excluded); {check}"
     )

@@ -16,8 +16,9 @@ from specjax.core.sampling import SamplingConfig, sample
 
 # An acceptance rule decides one speculative round for every row of a batch:
 #   rule(key, draft_tokens [B, K], p [B, K+1, V], q [B, K, V] | None) -> (num_accepted [B], next_token [B])
-# p holds the target's distributions at the K+1 verified positions: raw logits when greedy
-# (only their argmax matters), processed probabilities (temperature, top-k, top-p) otherwise.
+# p holds the target's distributions at the K+1 verified positions, processed by
+# `probabilities` (temperature, top-k, top-p, min-p): under greedy sampling the one-hot on
+# the argmax, its temperature -> 0 limit, on which every exact rule decides as greedy_rule.
 # q holds the draft's processed probabilities its tokens were sampled from, or is None when
 # the proposal is deterministic (prompt lookup, greedy drafting): q is then one-hot on each
 # draft token, and rules never build that [B, K, V] one-hot. next_token is the correction
@@ -36,7 +37,10 @@ def _prefix_length(ok: jax.Array) -> jax.Array:
 
 
 def greedy_rule(key, draft_tokens, p, q):
-    """Accept while the draft token equals the target argmax; close with the target argmax."""
+    """Accept while the draft token equals the target argmax; close with the target argmax.
+
+    Reads only argmax(p), so it takes p or the raw logits alike; on a one-hot p it is what
+    rejection_sampling_rule decides, without drawing."""
     del key, q
     target_choice = jnp.argmax(p, axis=-1).astype(jnp.int32)  # [B, K+1]
     n = _prefix_length(draft_tokens == target_choice[:, :-1])

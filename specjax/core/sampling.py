@@ -41,8 +41,16 @@ class SamplingConfig:
 
 
 def probabilities(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
-    """logits [..., V] -> float32 probabilities [..., V] after temperature, top-k, top-p, min-p."""
-    logits = logits.astype(jnp.float32) / (sampling.temperature if not sampling.greedy else 1.0)
+    """logits [..., V] -> float32 probabilities [..., V] after temperature, top-k, top-p, min-p.
+
+    Greedy (temperature 0) gives the temperature -> 0 limit: the one-hot on the argmax (the
+    first one on ties, as `select` picks it; every filter keeps the top token, so they do
+    not change it). So p means one thing under every sampling config, and the exact rules
+    on a one-hot p decide as the greedy ones do (tests/test_sampling.py checks both).
+    """
+    if sampling.greedy:
+        return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+    logits = logits.astype(jnp.float32) / sampling.temperature
     if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
         kth = jax.lax.top_k(logits, sampling.top_k)[0][..., -1:]  # [..., 1]
         logits = jnp.where(logits < kth, -jnp.inf, logits)

@@ -8,10 +8,10 @@ fallback.py       one drafter where it found something, another elsewhere
 medusa.py         Medusa heads on the target's own hidden states
 eagle.py          an EAGLE-style head: one layer extrapolating the target's features
 block_head.py     a DFlash-style block head: K proposals from one non-causal pass over target states
-head_io.py        saving and loading trained heads, checked against their target
+head_io.py        saving and loading trained heads (`load_head`), checked against their target
 convert.py        `as_drafter`: a Model wherever a drafter is taken
-registry.py       every kind by name: `make_drafter` builds one from a name or a mapping,
-                  as SpeculativeConfig, the CLI and bench configs give it
+registry.py       every kind by name: `make_drafter` builds the one a SpeculativeConfig names
+                  (the API, the CLI's --drafter and bench configs all give one)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from specjax.drafters.convert import as_drafter
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.eagle import Eagle
 from specjax.drafters.fallback import Fallback
-from specjax.drafters.head_io import load_drafter, save_drafter, target_fingerprint
+from specjax.drafters.head_io import load_head, save_drafter, target_fingerprint
 from specjax.drafters.layer_skip import LayerSkip
 from specjax.drafters.medusa import Medusa
 from specjax.drafters.parallel_draft import ParallelDraft
@@ -44,7 +44,7 @@ __all__ = [
     "Proposal",
     "TreeProposal",
     "as_drafter",
-    "load_drafter",
+    "load_head",
     "make_drafter",
     "register",
     "save_drafter",

@@ -4,11 +4,11 @@ A head directory holds `drafter.json` (its kind, shape, and the target it was tr
 for) and `model.safetensors` (the head's own weights only: the target's embedding and LM
 head are read from the target at run time, never stored twice).
 
-`load_drafter` also reads the heads others publish (EAGLE-1/2, EAGLE-3, Medusa-1/2,
+`load_head` also reads the heads others publish (EAGLE-1/2, EAGLE-3, Medusa-1/2,
 speculators): drafters/head_formats.py; `save_drafter(..., format=...)` writes them:
 drafters/head_writers.py.
 
-A head reads one target's hidden states, so `load_drafter` refuses another target: one of
+A head reads one target's hidden states, so `load_head` refuses another target: one of
 other shapes always (the head cannot even run), and one of the same shapes but another
 config or other weights (`target_fingerprint`) unless `allow_transfer=True` says the
 transfer is deliberate (it runs, but its guesses are those learned for another model).
@@ -109,7 +109,7 @@ def target_fingerprint(target: Model | ModelConfig) -> dict[str, str]:
     config_sha256 hashes the canonical JSON of its ModelConfig (`_canonical_config`);
     weights_sha256, present only for a Model, hashes all of its params (0.3 s for 135M
     parameters on a CPU; 1 s the first time, which compiles the casts). save_drafter
-    stores both; load_drafter compares them.
+    stores both; load_head compares them.
     """
     if isinstance(target, Model):
         return {"config_sha256": _config_sha256(target.config), "weights_sha256": _weights_sha256(target.params)}
@@ -172,7 +172,7 @@ def _check_target(label: str, config: dict, params: dict, target: Model | ModelC
         return
     opt_out = (
         "the shapes fit, but the head learned another model's hidden states (expect low acceptance); pass "
-        f"{_TRANSFER} to load_drafter (a drafter spec: {{kind: head, path: {label}, allow_transfer: true}}) to "
+        f"{_TRANSFER} to load_drafter (a drafter spec: {{method: head, model: {label}, allow_transfer: true}}) to "
         "transfer it deliberately"
     )
     if _config_sha256(target_config) != trained["config_sha256"]:
@@ -207,7 +207,7 @@ def save_drafter(
     """Write a trained head to `path` (a directory), naming the target it was trained for.
 
     target: the Model it was trained for (its config and weights are fingerprinted, so
-    load_drafter can refuse another), or only its ModelConfig (the config is).
+    load_head can refuse another), or only its ModelConfig (the config is).
     format: "specjax" (drafter.json + model.safetensors, the default), or a published layout
     that vLLM, SGLang and the reference code read: "eagle" (EAGLE-1/2), "eagle3", "speculators"
     or "medusa" (drafters/head_writers.py). A head whose network is not the published one is a
@@ -265,7 +265,7 @@ def cast_floating(params, dtype):
     return jax.tree.map(lambda x: x.astype(dtype) if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x, params)
 
 
-def load_drafter(
+def load_head(
     path,
     target: Model | ModelConfig | None = None,
     allow_transfer: bool = False,
@@ -311,7 +311,7 @@ def load_drafter(
     else:
         if target_config is None:
             what = "a block head" if config["kind"] == "block_head" else "an EAGLE head"
-            raise ValueError(f"{what} ({label}) is built around its target: pass the target to load_drafter")
+            raise ValueError(f"{what} ({label}) is built around its target: pass the target to load_head")
         own = dict(config.get("layer", {}))  # a published variant's own layer fields
         if own.get("rope_scaling") is not None:
             own["rope_scaling"] = dict(own["rope_scaling"])

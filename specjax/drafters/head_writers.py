@@ -5,11 +5,16 @@
                fc.weight [D, 2D] (+ fc.bias [D]), layers.0.{self_attn,mlp,post_attention_layernorm}.*
   eagle3       config.json (+ draft_vocab_size, eagle_aux_hidden_state_layer_ids) + model.safetensors:
                fc.weight [D, 3D], midlayer.*, norm.weight, lm_head.weight [Vd, D], d2t [Vd], t2d [V]
-  speculators  config.json (speculators_model_type, speculators_config, transformer_layer_config) +
+  speculators  config.json (speculators_model_type, speculators_version, speculators_config,
+               transformer_layer_config) +
                model.safetensors: EAGLE-3's tensors with the layer at layers.0.* (speculators'
                Eagle3Speculator), or EAGLE-1's as fusion_fc.* / transformer.* (its EagleSpeculator)
   medusa       config.json (medusa_num_heads, medusa_num_layers) + medusa_lm_head.safetensors:
                {h}.{l}.linear.{weight,bias} [D, D], [D] and Medusa-1's LM heads {h}.{L}.weight [V, D]
+
+Every config names the target as engines resolve it: its Hugging Face repo id where the target's
+loader knew one (Model.hf_repo: config.json's `_name_or_path`, a GGUF file's source metadata or the
+packaged model's), else the name given; and `torch_dtype` is the dtype the tensors are stored in.
 
 Tensors are in torch [out, in] layout with the names drafters/head_formats.py reads (the same
 table, the other way round). Only a head whose network *is* the published one is written:
@@ -45,6 +50,11 @@ FORMATS = ("specjax", "eagle", "eagle3", "speculators", "medusa")
 _NAMES = {"eagle": "EAGLE-1/2", "eagle3": "EAGLE-3", "speculators": "speculators", "medusa": "Medusa"}
 _NETWORKS = {"eagle": ("eagle",), "eagle3": ("eagle3",), "speculators": ("eagle3", "eagle")}  # what each holds
 _SPECULATIVE_TOKENS = 3  # speculators_config's proposal length (what speculators' converter writes)
+# The speculators release whose config layout this writer follows (speculators v0.3.0: Eagle3Speculator
+# with draft_vocab_size, norm_before_residual, eagle_aux_hidden_state_layer_ids beside a
+# transformer_layer_config; EagleSpeculator with fusion_bias, layernorms). speculators writes its
+# package version in every config (SpeculatorModelConfig.speculators_version).
+SPECULATORS_VERSION = "0.3.0"
 
 
 def write_published(drafter: Drafter, path, format: str, target_name=None, target=None) -> Path:
@@ -55,6 +65,8 @@ def write_published(drafter: Drafter, path, format: str, target_name=None, targe
     if target_config is not None:
         drafter.check(target_config, 1)  # a head for another target: the engine's own error
     params = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), drafter.params)
+    # What engines resolve: the target's HF repo id where its loader knew it, else the name given.
+    target_name = (target.hf_repo if isinstance(target, Model) else None) or target_name
     if isinstance(drafter, Medusa):
         if format != "medusa":
             raise ValueError(f"format={format!r} writes EAGLE heads; these are Medusa heads: use format='medusa'")
@@ -64,6 +76,7 @@ def write_published(drafter: Drafter, path, format: str, target_name=None, targe
     else:
         network = _network(drafter, format)
         config, tensors = _eagle_files(drafter, params, network, format, target_name, target, target_config)
+        _set_dtype(config, tensors)
     path = Path(path)
     name = "medusa_lm_head.safetensors" if format == "medusa" else "model.safetensors"
     _check_directory(path, name)
@@ -227,8 +240,22 @@ def _layer_json(head: ModelConfig) -> dict:
         "attention_bias": False,
         "mlp_bias": False,
         "tie_word_embeddings": False,
-        "torch_dtype": head.dtype,
+        "torch_dtype": head.dtype,  # replaced by the stored dtype (_set_dtype)
     }
+
+
+def _set_dtype(config: dict, tensors: dict) -> None:
+    """Record the dtype the floating tensors are *stored* in (bfloat16 after `--dtype bfloat16`),
+    not the head's compute dtype: transformers and vLLM read torch_dtype as the checkpoint's. The
+    layer's config and, for speculators (a transformers config itself), the top level."""
+    sizes: dict[str, int] = {}
+    for array in tensors.values():
+        if np.issubdtype(array.dtype, np.floating) or array.dtype.name == "bfloat16":
+            sizes[array.dtype.name] = sizes.get(array.dtype.name, 0) + array.size
+    stored = max(sizes, key=sizes.get)  # one dtype in practice (cast_floating casts every tensor)
+    if "transformer_layer_config" in config:
+        config["transformer_layer_config"]["torch_dtype"] = stored
+    config["torch_dtype"] = stored
 
 
 def _aux_ids(layers: tuple[int, ...], target: ModelConfig | None) -> dict:
@@ -261,6 +288,7 @@ def _speculators_json(kind: str, layer: dict, target_name, target: ModelConfig |
     proposal = {"proposal_type": "greedy", "speculative_tokens": _SPECULATIVE_TOKENS}
     return {
         **head,
+        "speculators_version": SPECULATORS_VERSION,
         "transformer_layer_config": layer,
         "speculators_config": {
             "algorithm": kind,

@@ -1,27 +1,35 @@
-"""Every drafter kind, registered the same way: a name, the keys its mapping takes, a builder.
+"""Every drafter kind, registered the same way: a name, the spec fields it reads, a builder.
 
-A spec is a name (the CLI's --drafter, a bench config's `draft:`) or a mapping
-{kind: ..., **arguments}; names are shorthands for mappings (`name_to_mapping`), and
-every mapping is built by its kind's entry here. Adding a drafter is its own file plus one
-`register(...)` line below.
+The spec is `specjax.SpeculativeConfig` (its `method` is a key of REGISTRY; vLLM's names are
+aliases, in ALIASES and nowhere else). Builders read the spec's fields by name; this module
+sits below specjax.config, so it never imports the class. Adding a drafter is its own file
+plus one `register(...)` line below.
+
+A spec without a method is resolved from its `model` (`resolve_method`): a drafter's own
+files say what it is. A head directory (drafter.json) or a published head's weights is a
+head; a draft whose config.json records a mask token (`specjax_mask_token_id`, written by
+`specjax distill` with parallel drafting) is a PARD draft; any other model is a draft model.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from specjax.drafters.base import Drafter
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.fallback import Fallback
+from specjax.drafters.head_files import WEIGHT_FILES
 from specjax.drafters.head_formats import published_format
-from specjax.drafters.head_io import is_head_directory, load_drafter
+from specjax.drafters.head_io import is_head_directory, load_head
 from specjax.drafters.layer_skip import LayerSkip
 from specjax.drafters.parallel_draft import ParallelDraft
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.io.embedded import embedded_heads, embedded_names, embedded_path
+from specjax.io.gguf_file import PACKAGED
 from specjax.io.model import Model
 from specjax.io.presets import RANDOM_PRESETS
 from specjax.models import ModelConfig
@@ -59,126 +67,165 @@ def register(name: str, build: Callable[[dict, Build], Drafter], allowed=(), req
     REGISTRY[name] = Kind(build, frozenset(allowed), frozenset(required), doc)
 
 
-def _dataclass_kind(cls) -> tuple[Callable[[dict, Build], Drafter], set[str], set[str]]:
-    """A drafter dataclass whose mapping keys are its constructor's fields."""
-    fields = [f for f in dataclasses.fields(cls) if f.init]
-    required = {f.name for f in fields if f.default is f.default_factory is dataclasses.MISSING}
-    return (lambda args, build: cls(**args)), {f.name for f in fields}, required
+def _set(spec, **names) -> dict[str, Any]:
+    """The drafter's constructor arguments from the spec fields `names` maps them to, where set."""
+    return {arg: getattr(spec, field) for arg, field in names.items() if getattr(spec, field) is not None}
 
 
-def _layer_skip(args: dict, build: Build) -> Drafter:
+def _prompt_lookup(spec, build: Build) -> Drafter:
+    return PromptLookup(**_set(spec, max_ngram="prompt_lookup_max", min_ngram="prompt_lookup_min",
+                               prefer="prompt_lookup_prefer"))  # fmt: skip
+
+
+def _layer_skip(spec, build: Build) -> Drafter:
+    args = _set(spec, layers="layers", catch_up="catch_up", tree_candidates="tree_candidates")
     if "layers" not in args:  # half the target's layers
         if build.target_config is None:
-            raise ValueError("layer skip needs a layer count: {kind: layer_skip, layers: N} (CLI: layer-skip:N)")
-        args = {**args, "layers": max(1, build.target_config.num_hidden_layers // 2)}
+            raise ValueError("layer skip needs a layer count: {method: layer_skip, layers: N} (CLI: layer-skip:N)")
+        args["layers"] = max(1, build.target_config.num_hidden_layers // 2)
     return LayerSkip(**args)
 
 
-def _head(args: dict, build: Build) -> Drafter:
-    if not isinstance(args.get("allow_transfer", False), bool):
-        raise ValueError(f"{{kind: head}}'s allow_transfer is true or false, got {args['allow_transfer']!r}")
-    aux = args.get("aux_layers")
-    if aux is not None and (not isinstance(aux, list | tuple) or not all(isinstance(i, int) for i in aux)):
-        raise ValueError(f"{{kind: head}}'s aux_layers is a list of block indices, got {aux!r}")
-    return load_drafter(
-        str(args["path"]),
+def _draft_model(spec, build: Build) -> Drafter:
+    return DraftModel(build.load(spec.model), **_set(spec, catch_up="catch_up", tree_candidates="tree_candidates"))
+
+
+def _parallel_draft(spec, build: Build) -> Drafter:
+    model = build.load(spec.model)
+    mask = spec.mask_token_id if spec.mask_token_id is not None else model.mask_token_id
+    if mask is None:
+        raise ValueError(
+            f"method 'parallel_draft' needs mask_token_id: {spec.model!r} records none (a draft trained by "
+            "`specjax distill` with parallel.enabled records it)"
+        )
+    return ParallelDraft(model, mask, **_set(spec, catch_up="catch_up", tree_candidates="tree_candidates"))
+
+
+def _head(spec, build: Build) -> Drafter:
+    return load_head(
+        spec.model if isinstance(spec.model, str) else str(spec.model),
         build.target,
-        allow_transfer=args.get("allow_transfer", False),
-        aux_layers=None if aux is None else tuple(aux),
-        aux_convention=args.get("aux_convention") or "vllm",
+        allow_transfer=spec.allow_transfer,
+        aux_layers=spec.aux_layers,
+        aux_convention=spec.aux_convention or "vllm",
     )
 
 
-register("prompt_lookup", *_dataclass_kind(PromptLookup), doc="n-gram matching in the row's own text")
-register("layer_skip", _layer_skip, {"layers", "catch_up", "tree_candidates"}, doc="the target's first N layers")
-register("draft_model", lambda a, b: DraftModel(b.load(a["model"])), {"model"}, {"model"}, doc="a draft model")
-register("parallel_draft", lambda a, b: ParallelDraft(b.load(a["model"]), a.get("mask_token_id")),
-         {"model", "mask_token_id"}, {"model"},
+_MODEL_ARGS = {"catch_up", "tree_candidates"}
+register("prompt_lookup", _prompt_lookup, {"prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_prefer"},
+         doc="n-gram matching in the row's own text")  # fmt: skip
+register("layer_skip", _layer_skip, {"layers", *_MODEL_ARGS}, doc="the target's first N layers")
+register("draft_model", _draft_model, {"model", *_MODEL_ARGS}, {"model"}, doc="a draft model")
+register("parallel_draft", _parallel_draft, {"model", "mask_token_id", *_MODEL_ARGS}, {"model"},
          doc="a PARD-trained draft model: K proposals from one forward")  # fmt: skip
-register("fallback", lambda a, b: Fallback(b.make(a["first"]), b.make(a["then"])), {"first", "then"},
+register("fallback", lambda spec, b: Fallback(b.make(spec.first), b.make(spec.then)), {"first", "then"},
          {"first", "then"}, doc="`first` where it found something, `then` elsewhere")  # fmt: skip
-register("head", _head, {"path", "allow_transfer", "aux_layers", "aux_convention"}, {"path"},
-         doc="a trained or published head (Medusa, EAGLE, EAGLE-3, speculators)")  # fmt: skip
-ALIASES = {"ngram": "prompt_lookup", "medusa": "head", "eagle": "head", "eagle3": "head"}
+register("head", _head, {"model", "allow_transfer", "aux_layers", "aux_convention"}, {"model"},
+         doc="a trained or published head (Medusa, EAGLE, EAGLE-3, block heads, speculators)")  # fmt: skip
+# vLLM's method names (and the spellings of earlier releases) for the registered kinds.
+ALIASES = {"ngram": "prompt_lookup", "medusa": "head", "eagle": "head", "eagle3": "head", "block_head": "head"}
 
 
-def lookup(kind: str, given) -> tuple[str, Kind]:
-    """(registered name, Kind) of `kind` (aliases resolved), after checking the keys `given`."""
-    name = ALIASES.get(kind.replace("-", "_"), kind.replace("-", "_"))
+def canonical(method: str) -> str:
+    """The registered kind `method` names (aliases and hyphens resolved), or a ValueError."""
+    if not isinstance(method, str):
+        raise ValueError(f"method is a drafter kind's name, got {method!r}")
+    key = method.replace("-", "_")
+    name = ALIASES.get(key, key)
     if name not in REGISTRY:
-        raise ValueError(f"unknown drafter kind {kind!r}; known kinds: {', '.join(sorted(REGISTRY))}")
-    entry, given = REGISTRY[name], set(given)
-    if given - entry.allowed or entry.required - given:
-        raise ValueError(
-            f"drafter kind {name!r} takes {', '.join(sorted(entry.allowed))} "
-            f"({', '.join(sorted(entry.required)) or 'none'} required), got {', '.join(sorted(given)) or 'none'}"
-        )
-    return name, entry
+        known = ", ".join([*sorted(REGISTRY), *(f"{a} (= {k})" for a, k in sorted(ALIASES.items()))])
+        raise ValueError(f"unknown speculative method {method!r}; choose one of {known}")
+    return name
+
+
+def check_arguments(method: str, given: dict[str, Any]) -> None:
+    """A ValueError unless `method` takes every field in `given` and gets the ones it needs."""
+    entry = REGISTRY[method]
+    extra, missing = sorted(set(given) - entry.allowed), sorted(entry.required - set(given))
+    if extra or missing:
+        takes = ", ".join(sorted(entry.allowed)) or "no drafter fields"
+        problem = f"does not take {', '.join(extra)}" if extra else f"needs {', '.join(missing)}"
+        raise ValueError(f"method {method!r} {problem} (it takes {takes})")
 
 
 def spellings() -> str:
     """Every drafter spelling, for an unknown one's error (one line)."""
     heads = ", ".join(embedded_heads()) or "none installed"
-    models = ", ".join([*sorted(RANDOM_PRESETS), *embedded_names()])
+    models = ", ".join([*sorted(RANDOM_PRESETS), *embedded_names(), *sorted(PACKAGED)])
     kinds = ", ".join(sorted(REGISTRY))
     return (
         f"prompt-lookup, layer-skip, layer-skip:N, a trained head ({heads}), a model ({models}), a local Hugging "
-        f"Face model directory or head directory, or a mapping {{kind: ...}} with kind one of {kinds}"
+        f"Face model directory or head directory, or a mapping {{method: ...}} with method one of {kinds}"
     )
 
 
-def name_to_mapping(spec: str) -> dict:
-    """The mapping a drafter name stands for."""
-    kind = spec.replace("-", "_")
-    if kind in ("prompt_lookup", "ngram"):
-        return {"kind": "prompt_lookup"}
-    if kind == "layer_skip":
-        return {"kind": "layer_skip"}
-    if kind.startswith("layer_skip:"):
-        count = kind.split(":", 1)[1]
-        if not count.isdigit():
-            raise ValueError(f"layer-skip:N needs an integer N, got {spec!r}")
-        return {"kind": "layer_skip", "layers": int(count)}
-    where = embedded_path(spec) or Path(spec).expanduser()
-    if is_head_directory(where) or published_format(where) is not None:
-        return {"kind": "head", "path": spec}  # as given: its errors name the head as the user wrote it
-    if spec in RANDOM_PRESETS or spec in embedded_names() or Path(spec).expanduser().exists():
-        return {"kind": "draft_model", "model": spec}
-    raise ValueError(f"unknown drafter {spec!r}: a drafter is {spellings()}")
+def resolve_method(model: str | ModelConfig, load: Callable[[str], Model]) -> str:
+    """The kind a drafter name or directory is, read from its own files (module docstring)."""
+    if isinstance(model, ModelConfig):
+        return "draft_model"
+    packaged = embedded_path(model)
+    local = Path(model).expanduser()
+    if packaged is not None and local.exists() and local.resolve() != packaged.resolve():
+        raise ValueError(
+            f"drafter {model!r} is ambiguous: a shipped drafter and the local path {local.resolve()}; "
+            f"write ./{model} for the directory"
+        )
+    where = packaged or local
+    if is_head_directory(where) or published_format(where) is not None or _headlike(where):
+        return "head"
+    if packaged is None and local.is_dir() and not (local / "config.json").is_file():
+        raise ValueError(
+            f"{local} is neither a specjax head directory (no drafter.json), a published head (no head weights) "
+            "nor a model directory (no config.json)"
+        )
+    if not (model in RANDOM_PRESETS or model in PACKAGED or packaged is not None or local.exists()):
+        hint = "no such directory (yet); " if ("/" in model or model.startswith(".")) else ""
+        raise ValueError(f"unknown drafter {model!r}: {hint}a drafter is {spellings()}")
+    return "parallel_draft" if load(model).mask_token_id is not None else "draft_model"
 
 
-def make_drafter(
-    spec: str | Mapping[str, Any], load: Callable[[str], Model], target: ModelConfig | Model | None = None
-) -> Drafter:
-    """A drafter from a CLI/config spec; `load(name)` resolves model names.
-
-    spec: "prompt-lookup", "layer-skip" (half of `target`'s layers), "layer-skip:N", a
-    trained head (an embedded name such as stdlib-medusa, or a directory written by
-    `save_drafter`), a model name (embedded, random preset or HF directory), or a mapping
-    {kind: ..., **arguments} of a registered kind:
-        {kind: prompt_lookup, max_ngram: 3, min_ngram: 1, prefer: latest}
-        {kind: layer_skip, layers: 2}
-        {kind: draft_model, model: stdlib-draft}
-        {kind: parallel_draft, model: DIR, mask_token_id: 258}   K proposals from one forward (PARD);
-                                                                 mask_token_id: DIR's recorded one if omitted
-        {kind: fallback, first: {...}, then: {...}}
-        {kind: head, path: stdlib-medusa}                        a head by name or directory
-        {kind: head, path: DIR, allow_transfer: true}            ...on a target it was not trained for
-        {kind: head, path: DIR, aux_layers: [1, 3, 6]}           a published EAGLE-3 head, its blocks given
-    A directory that holds a published head (EAGLE-1/2, EAGLE-3, Medusa, speculators:
-    drafters/head_formats.py) is a head too, told from a draft model by its tensor names.
-    A head is checked against `target` (load_drafter): one trained for another target is
-    refused unless allow_transfer (shapes must match even then). Given a Model, its weights
-    are checked too; given a ModelConfig, its config only. An unknown name is a ValueError
-    listing every spelling.
-    """
-    if isinstance(spec, str):
-        spec = name_to_mapping(spec)
-    if not isinstance(spec, Mapping) or "kind" not in spec:
-        raise ValueError(f"a drafter spec is a name or a mapping with a 'kind' key, got {spec!r}")
-    args = {k: v for k, v in spec.items() if k != "kind"}
-    name, kind = lookup(str(spec["kind"]), args)
+def _headlike(path: Path) -> bool:
+    """Weights a model directory cannot hold (none in safetensors, or no config.json), or a
+    config.json that is no Hugging Face model's (no model_type): a head whose format
+    `load_head` will name or refuse (a torch pickle, say), not a model it cannot read."""
+    if not path.is_dir() or not any((path / name).is_file() for name in WEIGHT_FILES):
+        return False
+    config = path / "config.json"
+    if not config.is_file() or not any((path / name).is_file() for name in _MODEL_WEIGHTS):
+        return True
     try:
-        return kind.build(args, Build(load, target))
+        return "model_type" not in json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+_MODEL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")  # what io/hf.py reads
+
+
+def make_drafter(spec, load: Callable[[str], Model], target: ModelConfig | Model | None = None) -> Drafter:
+    """The drafter a `SpeculativeConfig` names; `load(name)` resolves model names (it is
+    called once per model: pass a caching one to share loads). A head is checked against
+    `target` (`load_head`): one trained for another target is refused unless
+    allow_transfer (shapes must match even then); given a Model, its weights are checked
+    too, given a ModelConfig its config only. Names and mappings are parsed by
+    `SpeculativeConfig.parse`; `specjax.load_drafter` does both."""
+    if not hasattr(spec, "drafter_arguments"):
+        raise ValueError(f"make_drafter takes a specjax.SpeculativeConfig (specjax.load_drafter takes names), "
+                         f"got {spec!r}")  # fmt: skip
+    method = spec.method
+    if method is None:
+        if spec.model is None:
+            raise ValueError("a drafter spec needs a method or a model: {method: ...} or a drafter's name")
+        cache: dict[str, Model] = {}
+
+        def load_once(name):
+            if name not in cache:
+                cache[name] = load(name)
+            return cache[name]
+
+        method, load = resolve_method(spec.model, load_once), load_once
+        check_arguments(method, spec.drafter_arguments())
+    try:
+        return REGISTRY[method].build(spec, Build(load, target))
     except TypeError as e:
-        raise ValueError(f"bad arguments for drafter kind {name!r}: {e}") from e
+        raise ValueError(f"bad arguments for method {method!r}: {e}") from e

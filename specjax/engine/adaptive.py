@@ -8,6 +8,7 @@ AdaptiveConfig.abstain, whether the drafter has anything to propose from the com
 tokens: prompt lookup without a match takes a plain step), so each
 round's tokens are still distributed exactly as the target's. This file runs the chosen
 rounds, folds what each round saw into the estimate, and reports what the policy did.
+Planning the candidates is engine/plan.py's job; the costs are an input (engine/costs.py).
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.core.state import LoopState
-from specjax.engine.adaptive_policy import AdaptiveConfig, fold_round, policy
+from specjax.engine.adaptive_policy import fold_round, policy
 from specjax.engine.rounds import chain_round, draft_context, plain_round
 from specjax.engine.tree_round import tree_round
-from specjax.trees.tree_acceptance import default_tree_rule
 
 
 def _branch(c: int, target_params, draft_weights, state: LoopState) -> LoopState:
@@ -103,11 +103,8 @@ def adaptive_stats(stats, state: LoopState, num_rows: int | None):
     whose K varied: drafted_tokens counts what each round drafted, acceptance per position
     divides by the rounds that drafted and reached it, and verify_width is K_MAX + 1.
 
-    `.adaptive["costs"]`: where the round costs came from. source: "measured" (in this
-    process), "cache" (a file an earlier one wrote) or "given" (AdaptiveConfig.costs);
-    seconds: what getting them took this call, apart from generating; path: the cache file
-    (None: given); measured_at, measurement_seconds: when and how long the measurement that
-    made them took; per_k_ms: the costs by K, in milliseconds."""
+    `.adaptive["costs"]` is None here: where the round costs came from (RoundCosts.report)
+    is filled in by the prepared call that resolved them (PreparedGeneration.costs)."""
     config = state.plan.adaptive
     ad = jax.device_get(state.adaptive)
     rounds = int(ad.round)
@@ -120,7 +117,9 @@ def adaptive_stats(stats, state: LoopState, num_rows: int | None):
         "ks": labels,
         "trees": None if not config.trees else [repr(t) for t in config.trees],
         "costs_seconds": [float(c) for c in ad.costs],
-        "costs": dict(_COST_SOURCES.get((state.plan, np.asarray(ad.costs, np.float32).tobytes()), {})) or None,
+        # Where the costs came from is host-side knowledge of the call that resolved them
+        # (engine/costs.py); a prepared call fills it in, a bare state has none.
+        "costs": None,
         "rounds_per_k": {k: int(n) for k, n in zip(labels, ad.rounds_per_k, strict=True)},
         "plain_steps": int(ad.rounds_per_k[labels.index(0)]) if 0 in labels else 0,
         "abstained_steps": int(ad.abstained),  # plain steps because the drafter had nothing
@@ -129,85 +128,3 @@ def adaptive_stats(stats, state: LoopState, num_rows: int | None):
     }
     # A round drafted iff it reached position 1: the plain steps draft nothing.
     return dataclasses.replace(stats.with_drafts(tried[:, 0], accepted_at, tried, drafted), adaptive=policy)
-
-
-def as_adaptive(adaptive):
-    """False, True or an AdaptiveConfig; a mapping (a YAML/JSON SpeculativeConfig) becomes one."""
-    return AdaptiveConfig(**adaptive) if isinstance(adaptive, dict) else adaptive
-
-
-def plan_tokens(adaptive, num_speculative_tokens: int) -> int:
-    """Slots a round may write past the committed length: K_MAX, or the largest tree's nodes."""
-    if isinstance(adaptive, AdaptiveConfig) and adaptive.trees:
-        return max(tree.num_nodes for tree in adaptive.trees)
-    return num_speculative_tokens
-
-
-def resolve_adaptive(adaptive, plan, target, drafter, batch, rule=None):
-    """(plan with its static AdaptiveConfig, costs [n] float32) for `adaptive` (False, True or
-    an AdaptiveConfig); (plan, None) when it is off. Costs the caller did not give are read
-    from the disk cache or measured once per shape, at the batch's bucket size and cache
-    length; adaptive_stats reports which ("costs"). `rule`: the caller's acceptance rule, or
-    None (trees then get the default tree rule)."""
-    if adaptive is False or adaptive is None:
-        return plan, None
-    config = AdaptiveConfig() if adaptive is True else adaptive
-    if not isinstance(config, AdaptiveConfig):
-        raise ValueError(f"adaptive must be True, False or a specjax.AdaptiveConfig, got {adaptive!r}")
-    if plan.tree is not None:
-        raise ValueError(
-            "adaptive speculation chooses its own rounds: pass no tree (AdaptiveConfig(trees=...) chooses among trees)"
-        )
-    static = config.resolved(plan.num_speculative_tokens)
-    if static.trees:
-        for tree in static.trees:
-            drafter.check_tree(target.config, tree)
-        if rule is None:
-            plan = dataclasses.replace(plan, rule=default_tree_rule(plan.sampling))
-    else:
-        for k in static.ks:
-            if k:
-                drafter.check(target.config, k)
-    plan = dataclasses.replace(plan, adaptive=static)
-    if config.costs is not None:
-        costs, info = config.costs, dict(source="given", seconds=0.0, path=None, measured_at=None)
-        info["measurement_seconds"] = None
-    else:
-        costs, info = _measured_costs(config, static, plan, target, drafter, batch)
-    vector = static.cost_vector(costs)
-    per_k_ms = {label: round(1e3 * float(c), 4) for label, c in zip(static.labels, vector, strict=True)}
-    _remember(plan, vector, {**info, "per_k_ms": per_k_ms})
-    return plan, jnp.asarray(vector)
-
-
-def _measured_costs(config: AdaptiveConfig, static: AdaptiveConfig, plan, target, drafter, batch):
-    """Costs of this shape from the disk cache, or measured at the batch's bucket size and
-    cache length (and written there), with where they came from."""
-    # The bench times loop iterations; it depends on the engine, so it is imported here.
-    from specjax.engine.cost_cache import cached_costs, cost_key
-    from specjax.engine.round_costs import measure_round_costs
-
-    shape = (batch.bucket_rows, static, batch.cache_length, plan.sampling.temperature)
-    key = cost_key(target, drafter, *shape, plan.cache)
-
-    def measure():
-        return measure_round_costs(
-            target, drafter, *shape, cache=plan.cache, progress=config.progress, remeasure=config.remeasure
-        )
-
-    return cached_costs(key, static.labels, measure, remeasure=config.remeasure)
-
-
-# Where each generation's costs came from, for adaptive_stats: the host-side story of an
-# array the compiled loop only reads. Keyed by the plan and the cost values, which is what
-# the output state carries back; the plan object itself cannot hold it, since jit hands
-# back the plan of the call it compiled for.
-_COST_SOURCES: dict[tuple, dict] = {}
-
-
-def _remember(plan, vector: np.ndarray, info: dict) -> None:
-    key = (plan, np.asarray(vector, np.float32).tobytes())
-    _COST_SOURCES.pop(key, None)
-    _COST_SOURCES[key] = info
-    while len(_COST_SOURCES) > 256:  # a long sweep of given costs must not grow it forever
-        _COST_SOURCES.pop(next(iter(_COST_SOURCES)))

@@ -64,6 +64,7 @@ class AdaptiveConfig:
       batch size and context; None measures them once per machine and shape
       (engine/round_costs.py) and keeps them on disk for later processes
       (engine/cost_cache.py: $SPECJAX_CACHE_DIR, else ~/.cache/specjax, under round_costs/).
+      `prepare` resolves them (engine/costs.py) into a RoundCosts before the loop runs.
     remeasure: measure the costs even when a file holds them, and overwrite it.
     progress: a progress bar on stderr while costs are measured; None (the default) shows
       it only when stderr is a terminal, False never.
@@ -193,6 +194,52 @@ class AdaptiveConfig:
 def default_ks(k_max: int) -> tuple[int, ...]:
     powers = [k for k in (1, 2, 4, 8, 16, 32) if k < k_max]
     return (0, *powers, k_max)
+
+
+COST_SOURCES = ("measured", "cache", "given")
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundCosts:
+    """The policy's cost input for one call, resolved before the loop runs (engine/costs.py),
+    and where it came from; a prepared call carries it, the compiled loop reads only `vector`.
+
+    labels: the candidates (AdaptiveConfig.labels). seconds: one loop iteration at each, in
+    that order (float32 values: what the loop reads). source: "measured" (in this process),
+    "cache" (a file an earlier one wrote) or "given" (AdaptiveConfig.costs). spent: seconds
+    getting them took this call. path: the cache file (None: given). measured_at (UTC, ISO
+    8601) and measurement_seconds: when and how long the measurement that made them took."""
+
+    labels: tuple
+    seconds: tuple[float, ...]
+    source: str
+    spent: float = 0.0
+    path: str | None = None
+    measured_at: str | None = None
+    measurement_seconds: float | None = None
+
+    def __post_init__(self):
+        if self.source not in COST_SOURCES:
+            raise ValueError(f"cost source must be one of {COST_SOURCES}, got {self.source!r}")
+        if len(self.labels) != len(self.seconds):
+            raise ValueError(f"{len(self.seconds)} costs for {len(self.labels)} candidates {self.labels}")
+
+    @classmethod
+    def of(cls, config: AdaptiveConfig, costs: dict, source: str, **where) -> RoundCosts:
+        """{candidate: seconds} for `config`'s candidates (checked: all there, all positive)."""
+        vector = config.cost_vector(costs)
+        return cls(tuple(config.labels), tuple(float(c) for c in vector), source, **where)
+
+    @property
+    def vector(self) -> np.ndarray:
+        """[n] float32 seconds per iteration, in the order of the candidates."""
+        return np.asarray(self.seconds, np.float32)
+
+    def report(self) -> dict:
+        """GenerationStats.adaptive["costs"]: the provenance, and per_k_ms (milliseconds by K)."""
+        per_k_ms = {label: round(1e3 * c, 4) for label, c in zip(self.labels, self.seconds, strict=True)}
+        return dict(source=self.source, seconds=self.spent, path=self.path, measured_at=self.measured_at,
+                    measurement_seconds=self.measurement_seconds, per_k_ms=per_k_ms)  # fmt: skip
 
 
 @struct.dataclass

@@ -5,7 +5,8 @@ costs measured afresh in every process make the policy's schedule differ from ru
 A loop iteration's time depends on shapes, layouts and the machine, not on the weights'
 values, so one file per key serves every later process: the device and software, both
 models' configurations and weight layouts (dtype, shape, sharding), the batch bucket, the
-cache length and config, the temperature and the candidates. Files live in
+cache length and config, the sampling settings (temperature, top-k, top-p, min-p: top-p
+sorts the vocabulary every round) and the candidates. Files live in
 `cache_dir()/round_costs/<sha256 of the key>.json` and hold the key in readable form, the
 costs, when they were measured and how long that took. They are written whole or not at
 all (a temporary file renamed over the old one), and one that cannot be read is measured
@@ -14,6 +15,7 @@ again, with a warning.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -25,11 +27,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import jax
+import jaxlib
 
+from specjax.core.sampling import SamplingConfig
+from specjax.engine.clock import cpu_count, cpu_model
 from specjax.user_cache import cache_dir
 from specjax.version import __version__
 
-FORMAT = 1  # bump when the measurement's method changes, so older files stop matching
+FORMAT = 2  # bump when the measurement's method changes, so older files stop matching (2: the whole SamplingConfig)
 
 
 def _layout(weights) -> str:
@@ -46,13 +51,8 @@ def _layout(weights) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def cost_key(target, drafter, batch: int, config, context: int, temperature: float, cache) -> dict:
-    """What the costs of `measure_round_costs(target, drafter, batch, config, context, ...)` depend on."""
-    import jaxlib
-
-    from specjax.engine.clock import cpu_count as _cpu_count
-    from specjax.engine.clock import cpu_model as _cpu_model
-
+def cost_key(target, drafter, batch: int, config, context: int, sampling: SamplingConfig, cache) -> dict:
+    """What the costs of `measure_round_costs(target, drafter, batch, config, context, sampling, ...)` depend on."""
     backend = jax.default_backend()
     return {
         "format": FORMAT,
@@ -61,8 +61,8 @@ def cost_key(target, drafter, batch: int, config, context: int, temperature: flo
         "device_count": jax.device_count(),
         "process_count": jax.process_count(),
         # XLA:CPU reports every CPU as "cpu": its model and the cores it may use tell them apart.
-        "cpu": _cpu_model() if backend == "cpu" else None,
-        "cpu_count": _cpu_count() if backend == "cpu" else None,
+        "cpu": cpu_model() if backend == "cpu" else None,
+        "cpu_count": cpu_count() if backend == "cpu" else None,
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
         "specjax": __version__,
@@ -72,7 +72,7 @@ def cost_key(target, drafter, batch: int, config, context: int, temperature: flo
         "drafter_weights": _layout(drafter.weights()),
         "batch": int(batch),
         "context": int(context),
-        "temperature": float(temperature),
+        "sampling": dataclasses.asdict(sampling),
         "cache": repr(cache),
         "candidates": [str(label) for label in config.labels],
         "trees": [repr(tree) for tree in config.trees] if config.trees else None,

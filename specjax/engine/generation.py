@@ -2,14 +2,22 @@
 
 One loop for every kind of generation. The round is chosen by the static plan: a plain step
 (no drafter), a chain of K, a token tree, or the adaptive policy's choice among them; all
-read and write one LoopState and end in `finish_round` (state.py). A generation is one
-compiled program and never returns to the host midway.
+read and write one LoopState and end in `finish_round` (state.py).
+
+Two ways to run it, with the same rounds and so the same output bit for bit (the RNG stream
+is in the state): `launch` is one compiled program, prefill and every round, that never
+returns to the host midway (what benchmarks time); `run` prefills, then runs the rounds in
+chunks of one compiled program (`jit_rounds`, a traced round budget, the state donated) and
+returns to the host between chunks, so Ctrl-C stops a generation within about a chunk's
+time (CHUNK_SECONDS) however long it would run.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -90,6 +98,61 @@ def init_state(
 jit_init_state = jax.jit(init_state, static_argnames=("plan", "cache_length"))
 jit_round = jax.jit(loop_round, donate_argnums=2)
 
+# A chunk of rounds should take about this long: short enough that Ctrl-C (seen by Python
+# only between chunks) stops a generation within about a second, long enough that the
+# host round trip between chunks (tens of microseconds) stays lost in the noise.
+CHUNK_SECONDS = 0.2
+_MAX_GROWTH = 8  # a chunk is at most this many times the rounds of the one before
+
+
+def run_rounds(target_params, draft_weights, state: LoopState, budget):
+    """At most `budget` ([] int32) more rounds, fewer once every row is done.
+
+    The budget is traced, so one compiled program serves every chunk size. Returns the
+    state and whether every row is done ([] bool, apart from the state so that the host
+    can read it while the donated state moves on).
+    """
+
+    def more(carry):
+        s, i = carry
+        return (i < budget) & ~jnp.all(s.done)
+
+    def one(carry):
+        s, i = carry
+        return loop_round(target_params, draft_weights, s), i + 1
+
+    state, _ = jax.lax.while_loop(more, one, (state, jnp.zeros((), jnp.int32)))
+    return state, jnp.all(state.done)
+
+
+jit_rounds = jax.jit(run_rounds, donate_argnums=2)
+
+
+def next_chunk(rounds: int, seconds: float, target: float = CHUNK_SECONDS) -> int:
+    """Rounds for the next chunk, from the last chunk's rounds and wall time: scaled toward
+    `target` seconds, growing at most _MAX_GROWTH-fold (the first chunk also holds the
+    prefill, and round times vary), never below 1."""
+    scaled = int(rounds * target / max(seconds, 1e-6))
+    return max(1, min(scaled, rounds * _MAX_GROWTH, 2**30))  # 2**30: the budget is an int32
+
+
+def decode_in_chunks(start: Callable[[], LoopState], rounds: Callable, chunk_rounds: int | None = None) -> LoopState:
+    """Prefill (`start()`), then `rounds(state, budget) -> (state, all_done)` until every row
+    is done. Each chunk runs `chunk_rounds` rounds, or (None) as many as take about
+    CHUNK_SECONDS. A KeyboardInterrupt surfaces between chunks: Python runs its signal
+    handlers only once the wait for a chunk returns."""
+    if chunk_rounds is not None and chunk_rounds < 1:
+        raise ValueError(f"chunk_rounds must be >= 1, got {chunk_rounds}")
+    state = start()
+    budget = chunk_rounds or 1  # timed: the first chunk finds the round time (and absorbs the prefill)
+    while True:
+        began = time.perf_counter()
+        state, finished = rounds(state, jnp.int32(budget))
+        if bool(finished):  # waits for the chunk
+            return state
+        if chunk_rounds is None:
+            budget = next_chunk(budget, time.perf_counter() - began)
+
 
 @functools.partial(jax.jit, static_argnames=("plan", "cache_length"))
 def _generate(
@@ -143,7 +206,7 @@ def state_output(state: LoopState, num_rows: int | None = None) -> GenerationOut
 def prepared_generation(
     target, batch: PromptBatch, plan: Plan, weights, costs, max_new_tokens: int, eos_token_id, seed: int
 ) -> PreparedGeneration:
-    """A planned call, ready to launch (repeatedly, for n <= max_new_tokens new tokens)."""
+    """A planned call, ready to launch or run (repeatedly, for n <= max_new_tokens new tokens)."""
     prompt, prompt_lengths, done, eos, rng = batch.loop_inputs(eos_token_id, seed)
 
     def launch(n: int) -> LoopState:
@@ -152,11 +215,35 @@ def prepared_generation(
             cache_length=batch.cache_length,
         )  # fmt: skip
 
+    def start_args(n: int) -> tuple[tuple, dict]:
+        args = (target.params, weights, prompt, prompt_lengths, jnp.int32(n), eos, rng)
+        return args, dict(plan=plan, cache_length=batch.cache_length, done=done, costs=costs)
+
+    def decode(n: int, chunk_rounds: int | None = None) -> LoopState:
+        args, kwargs = start_args(n)
+        rounds = functools.partial(jit_rounds, target.params, weights)
+        return decode_in_chunks(lambda: jit_init_state(*args, **kwargs), rounds, chunk_rounds)
+
+    def compile_programs() -> None:
+        # Compile by calling: jit's cache keeps the executables, so `decode` then compiles
+        # nothing. A call, not just lower().compile(): XLA finishes preparing a program on
+        # its first execution (a tiny model's first decode took 6x its next), and on a mesh
+        # a round may leave a counter sharded that the prefill left replicated, so the
+        # second chunk presents other shardings and needs a program of its own. One prefill
+        # and two rounds run, on a state that is then dropped.
+        args, kwargs = start_args(max_new_tokens)
+        state = jit_init_state(*args, **kwargs)
+        for _ in range(2):
+            state, finished = jit_rounds(target.params, weights, state, jnp.int32(1))
+        jax.block_until_ready(finished)
+
     return PreparedGeneration(
         max_new_tokens=max_new_tokens,
         batch_size=batch.batch_size,
         cache_length=batch.cache_length,
         launch_fn=launch,
+        decode_fn=decode,
+        compile_fn=compile_programs,
         # Padding rows of the batch bucket, and their drafter counters, are dropped.
         collect_fn=functools.partial(state_output, num_rows=batch.num_rows),
         tokenizer=target.tokenizer if batch.is_text else None,

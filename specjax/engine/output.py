@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from specjax.engine.adaptive_policy import RoundCosts
 from specjax.parallel.placement import gather_rows
 from specjax.runtime import bound_live_programs, install
 
@@ -207,30 +208,60 @@ def collect_output(
 class PreparedGeneration:
     """A checked, padded and planned generation call that has not run yet.
 
-    `launch(n)` starts the compiled loop for n <= max_new_tokens new tokens and returns
-    the final loop state without waiting for it (JAX dispatch is asynchronous), so a
-    benchmark can time `jax.block_until_ready(launch(n))`. Every n runs the same compiled
-    program: the token budget is a traced value and the cache is sized for
-    `max_new_tokens`. `run()` is what `specjax.generate` returns.
+    `run()` is what `specjax.generate` returns: it prefills, then runs the rounds in chunks
+    of about CHUNK_SECONDS (engine/generation.py), returning to the host between chunks so
+    that Ctrl-C stops it promptly; `decode(n)` is the same without collecting the output.
+    `compile()` compiles those programs ahead of time without running them, so a caller can
+    time compilation apart from decoding. `launch(n)` starts the whole loop as one compiled
+    program and returns the final loop state without waiting for it (JAX dispatch is
+    asynchronous), so a benchmark can time `jax.block_until_ready(launch(n))`; it cannot be
+    interrupted midway. Both give the same tokens bit for bit. Every n <= max_new_tokens
+    runs the same compiled programs: the token budget is a traced value and the cache is
+    sized for `max_new_tokens`.
     """
 
     max_new_tokens: int
     batch_size: int
     cache_length: int
-    launch_fn: Callable[[int], Any]  # n -> final loop state (device arrays)
+    launch_fn: Callable[[int], Any]  # n -> final loop state (device arrays), one program
     collect_fn: Callable[[Any], GenerationOutput]  # final loop state -> host-side output
     tokenizer: Any = None  # set when the prompts were text: outputs are decoded too
+    decode_fn: Callable[..., Any] | None = None  # (n, chunk_rounds) -> final loop state, in chunks of rounds
+    compile_fn: Callable[[], None] | None = None  # compiles what decode_fn runs, running nothing
+    costs: RoundCosts | None = None  # adaptive K's round costs and where they came from (engine/costs.py)
 
-    def launch(self, max_new_tokens: int | None = None):
+    def _budget(self, max_new_tokens: int | None) -> int:
         n = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         if not 1 <= n <= self.max_new_tokens:
             raise ValueError(f"max_new_tokens must lie in [1, {self.max_new_tokens}] for this prepared call, got {n}")
+        return n
+
+    def launch(self, max_new_tokens: int | None = None):
+        n = self._budget(max_new_tokens)
         bound_live_programs()
         return self.launch_fn(n)
 
+    def compile(self) -> PreparedGeneration:
+        """Compile the programs `run` and `decode` use, ahead of time (a no-op when jit's
+        cache already holds them)."""
+        bound_live_programs()
+        if self.compile_fn is not None:
+            self.compile_fn()
+        return self
+
+    def decode(self, max_new_tokens: int | None = None, *, chunk_rounds: int | None = None):
+        """The final loop state (device arrays, ready: the last chunk has been waited for).
+        `chunk_rounds`: rounds per chunk; None sizes chunks to take about CHUNK_SECONDS."""
+        n = self._budget(max_new_tokens)
+        bound_live_programs()
+        return self.launch_fn(n) if self.decode_fn is None else self.decode_fn(n, chunk_rounds)
+
     def collect(self, state) -> GenerationOutput:
         out = self.collect_fn(gather_rows(state))  # multi-host: rows other processes hold (specjax/parallel)
+        if self.costs is not None:  # host-side knowledge the loop state does not hold
+            adaptive = {**out.stats.adaptive, "costs": self.costs.report()}
+            out = dataclasses.replace(out, stats=dataclasses.replace(out.stats, adaptive=adaptive))
         return out if self.tokenizer is None else out.with_text(self.tokenizer)
 
     def run(self, max_new_tokens: int | None = None) -> GenerationOutput:
-        return self.collect(self.launch(max_new_tokens))
+        return self.collect(self.decode(max_new_tokens))

@@ -18,6 +18,7 @@ import jax
 from tqdm.auto import tqdm
 
 from specjax.core.loop import DEFAULT_CACHE, CacheConfig
+from specjax.core.sampling import SamplingConfig
 from specjax.drafters import Drafter
 from specjax.engine.adaptive_policy import AdaptiveConfig
 from specjax.engine.clock import interleaved, median
@@ -34,7 +35,7 @@ def measure_round_costs(
     batch: int,
     config: AdaptiveConfig,
     context: int,
-    temperature: float = 0.0,
+    sampling: SamplingConfig | float = 0.0,
     repeats: int | None = None,
     cache: CacheConfig = DEFAULT_CACHE,
     progress: bool | None = False,
@@ -42,7 +43,7 @@ def measure_round_costs(
 ) -> dict:
     """{candidate label: marginal seconds of one loop iteration} for a batch of `batch` rows
     and a cache of `context` slots: K for chains (0 = a plain step), "tree0", ... for the
-    config's trees.
+    config's trees. sampling: the generation's SamplingConfig (or a bare temperature).
 
     repeats: timed calls per loop (None: REPEATS). progress: a bar on stderr over the
     compiles and timed calls; None shows it only when stderr is a terminal. remeasure:
@@ -54,7 +55,7 @@ def measure_round_costs(
     for label, drafted, tree in zip(config.labels, config.drafted, trees, strict=True):
         room = max(context, 2 * (drafted + 2))  # room for the rounds on a half-filled cache
         part, drafter = ("step", None) if drafted == 0 else ("round", draft)
-        loops[label] = TimedLoop(part, target, drafter, batch, drafted, room, temperature, None, cache, tree)
+        loops[label] = TimedLoop(part, target, drafter, batch, drafted, room, sampling, cache=cache, tree=tree)
     todo = {loop.key: (label, loop) for label, loop in loops.items() if remeasure or loop.key not in _SECONDS}
     if todo:
         names = ",".join(str(label) for label, _ in todo.values())

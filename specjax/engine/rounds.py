@@ -75,7 +75,7 @@ def chain_round(target_params, draft_weights, state: LoopState) -> LoopState:
     wants = plan.wants_features
     out = forward(plan.target, target_params, verify_tokens, positions, state.target_cache, features=wants)
     logits, target_cache = out[:2]  # features: out[2], [B, K+1, D] at positions L-1..L+K-1
-    p = logits if plan.sampling.greedy else probabilities(logits, plan.sampling)
+    p = probabilities(logits, plan.sampling)  # [B, K+1, V]; greedy: the one-hot on each argmax
     num_accepted, next_token = plan.rule(accept_key, drafts, p, proposal.q)  # [B], [B]
 
     # Candidates [d_1..d_n, next, ...]: the first n + 1 count (before EOS/max cuts).

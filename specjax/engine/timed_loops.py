@@ -7,7 +7,9 @@ iteration so that any number of iterations fits the cache. Attention reads only 
 blocks below the fill (models/attention.py), so fill and capacity both matter. Shapes are
 static, so an iteration costs the same whatever it accepts. `TimedLoop.call` returns a callable
 for timing.interleaved: the caller times rounds and proposals side by side, round-robin,
-so that their ratio holds on a noisy machine.
+so that their ratio holds on a noisy machine. A loop's Plan is built as a generation's is,
+by keyword, with the whole SamplingConfig (top-k and top-p cost time too) and the default
+acceptance rule chosen where the generation's is (engine/plan.py).
 """
 
 from __future__ import annotations
@@ -19,16 +21,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from specjax.core.acceptance import default_rule
 from specjax.core.loop import DEFAULT_CACHE, CacheConfig, eos_ids
 from specjax.core.sampling import SamplingConfig
 from specjax.core.state import LoopState, Plan
 from specjax.drafters import Drafter, DraftModel, as_drafter
-from specjax.engine.generation import init_state, loop_round
+from specjax.engine.generation import jit_init_state, loop_round
+from specjax.engine.plan import default_rule_for
 from specjax.engine.rounds import draft_context
 from specjax.io.model import Model
 from specjax.trees.tree import Tree
-from specjax.trees.tree_acceptance import default_tree_rule
 
 PARTS = ("step", "round", "propose")  # a plain decode step, a speculative round, a drafter's proposal
 
@@ -84,7 +85,8 @@ def _proposals(target_params, draft_weights, state: LoopState, inner: int):
 class TimedLoop:
     """One loop to time: `part` ("step", "round" or "propose") of `target` (and `draft`) at
     batch `batch`, K = `k` (a tree's node count with `tree`), on a cache of `context` slots
-    holding `fill` committed tokens (default: half of them)."""
+    holding `fill` committed tokens (default: half of them), sampling as `sampling` says (a
+    SamplingConfig, or a bare temperature: no top-k, top-p or min-p)."""
 
     part: str
     target: Model
@@ -92,15 +94,19 @@ class TimedLoop:
     batch: int
     k: int
     context: int
-    temperature: float
+    sampling: SamplingConfig | float
     fill: int | None = None
     cache: CacheConfig = DEFAULT_CACHE
     tree: Tree | None = None
 
+    def __post_init__(self):
+        if not isinstance(self.sampling, SamplingConfig):
+            object.__setattr__(self, "sampling", SamplingConfig(temperature=float(self.sampling)))
+
     @property
     def key(self) -> tuple:
         """What identifies it: its part, the arrays it reads (by identity) and its shapes."""
-        shape = (self.batch, self.context, self.temperature, self.fill, self.cache, self.tree)
+        shape = (self.batch, self.context, self.sampling, self.fill, self.cache, self.tree)
         if self.part == "step":
             return (self.part, id(self.target.params), *shape)
         drafter = as_drafter(self.draft)
@@ -114,25 +120,34 @@ class TimedLoop:
 
 def _loop_call(loop: TimedLoop, inner: int):
     part, target, draft, batch, k, context = loop.part, loop.target, loop.draft, loop.batch, loop.k, loop.context
-    temperature, fill, cache, tree = loop.temperature, loop.fill, loop.cache, loop.tree
+    sampling, fill, cache, tree = loop.sampling, loop.fill, loop.cache, loop.tree
     if part not in PARTS:
         raise ValueError(f"part must be one of {PARTS}, got {part!r}")
-    sampling = SamplingConfig(temperature)
     prompt_length = context // 2 if fill is None else fill
     if not 1 <= prompt_length <= context - k - 2:
         raise ValueError(f"a fill of {prompt_length} leaves no room for a round of K={k} in {context} slots")
     prompt = jnp.ones((batch, prompt_length), jnp.int32)
     lengths = jnp.full((batch,), prompt_length, jnp.int32)
-    args = (prompt, lengths, jnp.int32(context), jax.device_put(eos_ids(None)), jax.random.key(0))
     drafter = weights = None
     if part == "step":
-        plan = Plan(target.config, None, 0, sampling, None, cache)
+        plan = Plan(target=target.config, drafter=None, num_speculative_tokens=0, sampling=sampling, rule=None,
+                    cache=cache)  # fmt: skip
     else:
         drafter = as_drafter(draft)
         weights = drafter.weights()
-        rule = default_rule(sampling) if tree is None else default_tree_rule(sampling)
-        plan = Plan(target.config, drafter.without_weights(), k, sampling, rule, cache, tree)
-    state = jax.jit(init_state, static_argnums=(7, 8))(target.params, weights, *args, plan, context)
+        plan = Plan(
+            target=target.config,
+            drafter=drafter.without_weights(),
+            num_speculative_tokens=k,
+            sampling=sampling,
+            rule=default_rule_for(sampling, tree_rounds=tree is not None),
+            cache=cache,
+            tree=tree,
+        )
+    state = jit_init_state(
+        target.params, weights, prompt, lengths, jnp.int32(context), jax.device_put(eos_ids(None)),
+        jax.random.key(0), plan=plan, cache_length=context,
+    )  # fmt: skip
 
     def call():
         nonlocal state

@@ -41,7 +41,7 @@ def tree_round(target_params, draft_weights, state: LoopState) -> LoopState:
     wants = plan.wants_features
     out = forward(plan.target, target_params, verify_tokens, positions, state.target_cache, mask, features=wants)
     logits, target_cache = out[:2]
-    p = logits if plan.sampling.greedy else probabilities(logits, plan.sampling)  # [B, N+1, V]
+    p = probabilities(logits, plan.sampling)  # [B, N+1, V]; greedy: the one-hot on each argmax
     path, num_accepted, next_token = plan.rule(accept_key, tree, nodes, p, proposal.q)  # [B, D], [B], [B]
 
     # Candidates [path tokens.., next, ...]: the first num_accepted + 1 count.

@@ -106,8 +106,11 @@ def measure_acceptance(
 ) -> np.ndarray:
     """[max_depth, max_rank]: P(rank-r candidate accepted at depth d + 1 | its parent was)."""
     settings = {k: v for k, v in sampling.items() if k in ("top_k", "top_p", "min_p")}
-    config = GenerationConfig.at_temperature(temperature, max_new_tokens=max_new_tokens, seed=seed, **settings)
-    out = prepared_generation(target, *plan_generation(target, prompts, config), max_new_tokens, None, seed).run()
+    config = GenerationConfig.at_temperature(
+        temperature, max_new_tokens=max_new_tokens, seed=seed, ignore_eos=True, **settings
+    )
+    batch, plan, weights = plan_generation(target, prompts, config)  # plain decoding: no round costs
+    out = prepared_generation(target, batch, plan, weights, None, max_new_tokens, None, seed).run()
     encoded = prompts if not out.text else [target.tokenizer.encode(p) for p in prompts]
     sequences = [list(p) + list(t) for p, t in zip(encoded, out.tokens, strict=True)]
     width = max(len(s) for s in sequences)

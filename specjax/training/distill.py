@@ -159,6 +159,7 @@ class DistillConfig:
     steps: int = 300
     seed: int = 0
     checkpoint_every: int = 50
+    keep_checkpoints: int = 1  # the newest checkpoints kept in OUT/checkpoints (training/run_dirs.py)
     log_every: int = 10
     # Train over a device mesh, "data=8" or "data=2,model=4" (specjax.make_mesh): the target,
     # and the draft when its heads split, tensor parallel over "model"; each batch's rows split
@@ -176,7 +177,7 @@ class DistillConfig:
             raise ValueError(f"unknown objective {self.objective!r}; choose one of {', '.join(OBJECTIVES)}")
         if self.draft_init not in DRAFT_INITS:
             raise ValueError(f"draft_init must be one of {', '.join(DRAFT_INITS)}, got {self.draft_init!r}")
-        for name in ("steps", "checkpoint_every", "log_every"):
+        for name in ("steps", "checkpoint_every", "keep_checkpoints", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         get_divergence("tv" if self.objective == "next_token" else self.objective, self.temperature, self.beta)
@@ -250,7 +251,7 @@ def distillation_batch(config: DistillConfig, target: Model, draft: Model, step:
             continue
         prompts = windows[start : start + count, : data.prompt_len].tolist()
         seed = (config.seed * 1_000_003 + step * 2 + (source == "draft")) % 2**31
-        settings = dict(max_new_tokens=data.seq_len - data.prompt_len, seed=seed)
+        settings = dict(max_new_tokens=data.seq_len - data.prompt_len, seed=seed, ignore_eos=True)  # fixed windows
         out = generate(model, prompts, GenerationConfig.at_temperature(data.generation_temperature, **settings))
         windows[start : start + count, data.prompt_len :] = np.asarray(out.tokens, np.int32)
         masks[start : start + count] = 1.0  # the continuation is the model's: all of it is learned
@@ -268,7 +269,7 @@ def acceptance(config: DistillConfig, target: Model, draft: Model, prompts: list
     out = {}
     for name, temperature in (("greedy", 0.0), ("sampled", config.temperature)):
         settings = GenerationConfig.at_temperature(
-            temperature, max_new_tokens=config.eval.max_new_tokens, seed=config.seed
+            temperature, max_new_tokens=config.eval.max_new_tokens, seed=config.seed, ignore_eos=True
         )
         speculative = SpeculativeConfig(num_speculative_tokens=k)
         stats = generate(target, prompts, settings, draft=drafter, speculative=speculative).stats
@@ -338,7 +339,7 @@ def distill(config: DistillConfig, out_dir: str | Path, progress: bool = True, s
     target = mesh.target(target)  # on the mesh (unchanged without one): steps, batches and evaluation run on it
     optimizer = (_optimizer if config.train_embedding else _optimizer_without_embedding)(config.optim, config.steps)
     params, opt_state, start, checkpoints, metrics = resume_or_start(
-        out_dir, initial, optimizer, config.checkpoint_every
+        out_dir, initial, optimizer, config.checkpoint_every, config.keep_checkpoints
     )
     # On a mesh: the draft laid out as the target when it splits (else replicated), its
     # optimizer state alike. Without one, restored arrays are made uncommitted as fresh ones are

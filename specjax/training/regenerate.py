@@ -55,10 +55,9 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from specjax.api import generate
+from specjax.api import generate, load_drafter
 from specjax.config import GenerationConfig, SpeculativeConfig
 from specjax.configs import parse_yaml
-from specjax.drafters import make_drafter
 from specjax.io.presets import load_model
 from specjax.training.dataset_records import BAD_REASONS, FORMATS, BadRecord, detect_format, read_records
 from specjax.training.datasets import check_chat_tools, render_chat
@@ -353,7 +352,7 @@ def _drafter(config: RegenerateConfig, target):
     def load(name: str):  # random presets draw the draft's weights with seed + 1, as the CLI does
         return load_model(name, dtype=config.dtype, seed=config.seed + 1)
 
-    return make_drafter(spec, load, target)
+    return load_drafter(SpeculativeConfig.parse(spec, "drafter"), target, load=load)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,6 +3,13 @@
 A run directory holds the resolved config, orbax checkpoints and a metrics JSONL. Orbax
 writes each checkpoint to a temporary directory and renames it when complete, so a kill
 at any moment leaves only whole checkpoints behind, and the newest one is the resume point.
+
+Only the newest `keep_checkpoints` (a field of every training config, default 1) are kept:
+each holds the params and the optimizer's state (AdamW: three times the params), hundreds of
+MB for a SmolLM2-sized draft. One is enough to resume after a kill -9: orbax deletes older
+steps only after the new one is committed, so a whole checkpoint is always on disk.
+Checkpoints are written every `checkpoint_every` steps and at a run's last step, never
+otherwise (orbax by itself also saves a manager's first step: a 3-step run left two).
 """
 
 from __future__ import annotations
@@ -37,18 +44,24 @@ def open_run(out_dir: str | Path, config, config_file: str) -> Path:
     return out_dir
 
 
+# Fields of a training config that say how a run is kept, not what it computes.
+_NOT_COMPUTED = {"mesh": None, "keep_checkpoints": 1}
+
+
 def _computed(config):
-    """`config` less where it runs: a run resumes on another mesh (its checkpoint is re-placed)."""
-    return dataclasses.replace(config, mesh=None) if hasattr(config, "mesh") else config
+    """`config` less where it runs and what it keeps: a run resumes on another mesh (its
+    checkpoint is re-placed) or keeping another number of checkpoints."""
+    return dataclasses.replace(config, **{k: v for k, v in _NOT_COMPUTED.items() if hasattr(config, k)})
 
 
 class Checkpoints:
-    """The newest two checkpoints of a run's state pytree, saved every `every` steps."""
+    """The newest `keep` checkpoints of a run's state pytree, saved every `every` steps (module docstring)."""
 
-    def __init__(self, directory: Path, every: int):
-        self.manager = ocp.CheckpointManager(
-            directory, options=ocp.CheckpointManagerOptions(max_to_keep=2, save_interval_steps=every)
-        )
+    def __init__(self, directory: Path, every: int, keep: int = 1):
+        if keep < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1 (the resume point), got {keep}")
+        self.every = every
+        self.manager = ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep))
 
     @property
     def latest_step(self) -> int:
@@ -60,7 +73,9 @@ class Checkpoints:
         return self.manager.restore(self.latest_step, args=ocp.args.StandardRestore(abstract))
 
     def save(self, step: int, state, force: bool = False) -> None:
-        self.manager.save(step, args=ocp.args.StandardSave(state), force=force)
+        """Save at multiples of `every`, or when forced (a run's last step); else nothing."""
+        if (force or step % self.every == 0) and step != self.manager.latest_step():
+            self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
 
     def close(self) -> None:
         self.manager.wait_until_finished()
@@ -84,11 +99,11 @@ class Metrics:
         return [json.loads(line) for line in self.path.read_text().splitlines()] if self.path.exists() else []
 
 
-def resume_or_start(out_dir: Path, params, optimizer, checkpoint_every: int):
+def resume_or_start(out_dir: Path, params, optimizer, checkpoint_every: int, keep_checkpoints: int = 1):
     """(params, opt_state, start_step, checkpoints, metrics) of a run: fresh from `params`, or
     restored from the newest checkpoint in `out_dir` if there is one."""
     state = {"params": params, "opt_state": optimizer.init(params)}
-    checkpoints = Checkpoints(out_dir / "checkpoints", checkpoint_every)
+    checkpoints = Checkpoints(out_dir / "checkpoints", checkpoint_every, keep_checkpoints)
     start = checkpoints.latest_step
     if start:
         state = checkpoints.restore(state)

@@ -44,12 +44,13 @@ class TrainConfig:
     steps: int = 1000
     seed: int = 0
     checkpoint_every: int = 100
+    keep_checkpoints: int = 1  # the newest checkpoints kept in OUT/checkpoints (training/run_dirs.py)
     eval_every: int = 250
     eval_windows: int = 32  # held-out windows per domain for validation bits/byte
     log_every: int = 10
 
     def __post_init__(self):
-        for name in ("steps", "checkpoint_every", "eval_every", "eval_windows", "log_every"):
+        for name in ("steps", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_windows", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -107,7 +108,7 @@ def train(config: TrainConfig, out_dir: str | Path, progress: bool = True, stop_
     out_dir = open_run(out_dir, config, "train_config.yaml")
     optimizer = make_optimizer(config.optim, config.steps)
     params, opt_state, start, checkpoints, metrics = resume_or_start(
-        out_dir, init_params(config.model, config.seed), optimizer, config.checkpoint_every
+        out_dir, init_params(config.model, config.seed), optimizer, config.checkpoint_every, config.keep_checkpoints
     )
     step_fn = jax.jit(_train_step, static_argnums=(0, 1), donate_argnums=(2, 3))
     held_out = {

@@ -122,6 +122,7 @@ class HeadTrainConfig:
     steps: int = 300
     seed: int = 0
     checkpoint_every: int = 50
+    keep_checkpoints: int = 1  # the newest checkpoints kept in OUT/checkpoints (training/run_dirs.py)
     log_every: int = 10
     # Train over a device mesh, "data=8" or "data=2,model=4" (specjax.make_mesh): the target
     # tensor parallel over "model", each batch's rows split over "data" (it must divide the
@@ -131,7 +132,7 @@ class HeadTrainConfig:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"unknown head kind {self.kind!r}; choose one of {', '.join(KINDS)}")
-        for name in ("num_heads", "steps", "checkpoint_every", "log_every"):
+        for name in ("num_heads", "steps", "checkpoint_every", "keep_checkpoints", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.eagle.eagle3.enabled and self.kind != "eagle":
@@ -309,7 +310,7 @@ def _parts(names: tuple[str, ...], parts) -> dict:
 def head_acceptance(config: HeadTrainConfig, target: Model, head, prompts: list[str]) -> dict:
     """Held-out greedy mean acceptance length and rate of `head` at eval K."""
     k = min(config.eval.num_speculative_tokens, getattr(head, "num_heads", 10**6), getattr(head, "block_size", 10**6))
-    settings = GenerationConfig(max_new_tokens=config.eval.max_new_tokens, seed=config.seed)
+    settings = GenerationConfig(max_new_tokens=config.eval.max_new_tokens, seed=config.seed, ignore_eos=True)
     stats = generate(
         target, prompts, settings, draft=head, speculative=SpeculativeConfig(num_speculative_tokens=k)
     ).stats
@@ -333,7 +334,7 @@ def train_head(config: HeadTrainConfig, out_dir: str | Path, progress: bool = Tr
     as_head, initial = kind.as_head, kind.initial
     optimizer = _optimizer(config.optim, config.steps)
     params, opt_state, start, checkpoints, metrics = resume_or_start(
-        out_dir, initial, optimizer, config.checkpoint_every
+        out_dir, initial, optimizer, config.checkpoint_every, config.keep_checkpoints
     )
     # The head replicated on a mesh. Without one, restored arrays are made uncommitted as fresh
     # ones are (jit keys on that), so a run resumed in this process reuses the programs compiled here.

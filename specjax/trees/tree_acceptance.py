@@ -6,10 +6,11 @@ A tree rule decides one tree round for every row of a batch:
         -> (path [B, D], num_accepted [B], next_token [B])
 
 tokens are the drafted nodes 1..N (canonical order, see tree.py). p[:, i] is the target's
-distribution after node i (node 0 = the root, the last committed token): raw logits when
-greedy, processed probabilities otherwise. q[:, i] is the draft distribution node i's
-children were drawn from (i.i.d.), or q is None when the candidates are deterministic and
-distinct (top-k, prompt-lookup matches). path[:, j] is the node accepted at depth j + 1
+distribution after node i (node 0 = the root, the last committed token), processed by
+`probabilities`: under greedy sampling the one-hot on the argmax, of which the greedy rule
+reads only the argmax and on which the rejection rule decides the same. q[:, i] is the
+draft distribution node i's children were drawn from (i.i.d.), or q is None when the
+candidates are deterministic and distinct (top-k, prompt-lookup matches). path[:, j] is the node accepted at depth j + 1
 (0 past num_accepted); next_token closes the round as in a chain.
 
 Exactness under sampling (SpecInfer, Miao et al. 2024; SpecTr, Sun et al. 2023): at a node

@@ -24,10 +24,10 @@ import matplotlib.pyplot as plt
 from specjax.bench import plots
 from specjax.bench.context import BenchContext, describe_drafter
 from specjax.bench.cost_model import round_seconds
-from specjax.bench.drafter_spec import DrafterSpec, Raw, parse_draft
+from specjax.bench.drafter_spec import Raw, parse_draft
 from specjax.bench.experiments.shared import Experiment, check_ks, check_sizes, one_or_swept, setting, timed_text
 from specjax.bench.measure import POOLED, RunSpec
-from specjax.models import ModelConfig
+from specjax.config import SpeculativeConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Method:
     """One drafting method of E8: a label and a draft spec (None: the bench's `draft`)."""
 
     name: str
-    draft: str | ModelConfig | DrafterSpec | Raw | None = None
+    draft: str | Raw | None = None  # a SpeculativeConfig (bench/drafter_spec.py); None: the bench's draft
 
     def __post_init__(self):
         if self.draft is not None:
@@ -43,7 +43,7 @@ class Method:
 
 
 def _default_methods() -> list[Method]:
-    return [Method("draft"), Method("prompt lookup", DrafterSpec("prompt_lookup", max_ngram=3))]
+    return [Method("draft"), Method("prompt lookup", SpeculativeConfig(method="prompt_lookup", prompt_lookup_max=3))]
 
 
 @dataclasses.dataclass(frozen=True)

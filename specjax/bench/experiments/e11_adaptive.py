@@ -30,7 +30,7 @@ from specjax.api import generate
 from specjax.bench import plots
 from specjax.bench.adaptive_predict import predict
 from specjax.bench.context import BenchContext
-from specjax.bench.drafter_spec import DrafterSpec, Raw, parse_draft
+from specjax.bench.drafter_spec import Raw, parse_draft
 from specjax.bench.experiments.shared import Experiment, one_or_swept, setting, timed_text
 from specjax.bench.measure import DRAFT, RunSpec, Workload, pooled
 from specjax.bench.prompt_sets import Prompts, describe_sources, load_prompts, parse_prompts
@@ -39,7 +39,6 @@ from specjax.drafters import DraftModel
 from specjax.engine.adaptive_policy import AdaptiveConfig, default_ks
 from specjax.engine.round_costs import measure_round_costs
 from specjax.io.model import init_model
-from specjax.models import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +55,7 @@ class AdaptiveSweep:
     # Scenario 4: prompts whose acceptance shifts mid-generation, drafted by `shift_drafter`
     # (a drafter spec as in `draft`). None: skipped.
     shift_prompts: Prompts | list[Prompts] | Raw | None = None
-    shift_drafter: str | ModelConfig | DrafterSpec | Raw = "prompt-lookup"
+    shift_drafter: str | Raw = "prompt-lookup"  # a SpeculativeConfig (bench/drafter_spec.py)
     # Predicted, not run: the policy and static K simulated on the round costs of the cost
     # models (cost_target/cost_draft, else the pair) at these batch sizes, with the pair's
     # acceptance (bench/adaptive_predict.py). Empty: no prediction.
@@ -159,7 +158,9 @@ def run(ctx: BenchContext) -> dict:
         found = _label(ctx.measure(specs, "E11 shifting acceptance", workload), "shift")
         rows += found
         comparisons.append(_compare(found, "shift", 1))
-        config = GenerationConfig.at_temperature(t, max_new_tokens=ctx.config.max_new_tokens, seed=ctx.config.seed)
+        config = GenerationConfig.at_temperature(
+            t, max_new_tokens=ctx.config.max_new_tokens, seed=ctx.config.seed, ignore_eos=True
+        )
         speculative = SpeculativeConfig(num_speculative_tokens=k_max, adaptive=True)
         first = generate(ctx.target, prompts.tokens[:1], config, draft=drafter, speculative=speculative)
         trajectory = {

@@ -89,15 +89,31 @@ def cost_prediction(
 
 
 def add_overhead(ctx: BenchContext, row: dict, target, draft) -> None:
-    """Split a measured loop iteration into its forwards (or proposal) and everything else."""
+    """Split a loop iteration into its forwards (or proposal) and everything else.
+
+    non_forward_ms_per_iteration is what an iteration spends outside its forwards: sampling,
+    acceptance, commit and dispatch. It is the iteration *timed in isolation* (cost_model's
+    iteration_seconds: a plain step, or a round of K, on a half-full cache) minus its forwards
+    timed in isolation on the same cache. It used to be the end-to-end ms_per_iteration minus
+    forwards timed on a full cache: two measurements of different work (an end-to-end step
+    reads a cache filling up from the prompt, a full cache costs every forward more), so for
+    plain decoding, one forward plus an argmax, it came out negative (-0.39 ms). A difference
+    of two timings can still fall below zero by noise: it is then recorded as 0, with the
+    difference measured beside it as `non_forward_noise_ms`.
+    """
     batch, k = row["batch_size"], row["num_speculative_tokens"]
+    fill = ctx.context // 2  # where iteration_seconds times an iteration (engine/timed_loops.py)
     if row["method"] == "plain":
-        forwards = ctx.costs.seconds(target, batch, 1, ctx.context)
+        forwards = ctx.costs.seconds(target, batch, 1, ctx.context, fill)
+        iteration = ctx.costs.iteration_seconds(target, None, batch, 0, ctx.context)
     else:
-        c = round_seconds(ctx.costs, target, draft, batch, k, ctx.context)
-        forwards = draft_seconds(c) + c["verify_forward_seconds"]
+        c = round_seconds(ctx.costs, target, draft, batch, k, ctx.context, fill=fill)
+        forwards, iteration = draft_seconds(c) + c["verify_forward_seconds"], c["round_seconds"]
     row["forward_ms_per_iteration"] = 1e3 * forwards
-    row["non_forward_ms_per_iteration"] = row["ms_per_iteration"] - 1e3 * forwards
+    outside = 1e3 * (iteration - forwards)
+    row["non_forward_ms_per_iteration"] = max(outside, 0.0)
+    if outside < 0:
+        row["non_forward_noise_ms"] = outside
 
 
 # --- The setting line under every figure ----------------------------------------------------
