@@ -27,7 +27,7 @@ Medusa heads (Cai et al. 2024): head k maps the target's hidden state h [D] to
 h + SiLU(h W_k + b_k) [D], which the target's own LM head turns into logits.
 
 Published heads (EAGLE-1/2, EAGLE-3, Medusa-1 as their authors ship them; read by
-specjax/drafters/head_formats.py) run these same networks with the options of `HeadOptions`
+specjax/drafters/formats/published.py) run these same networks with the options of `HeadOptions`
 (EAGLE) and the optional Medusa params below, never a copy of them.
 """
 
@@ -53,7 +53,7 @@ from .llama import decode
 class HeadOptions:
     """How an EAGLE-style head computes, beyond its layer config. Static (part of the jit key:
     another value compiles anew); the defaults are specjax's own head, the other values what
-    the published formats need (their readers in drafters/head_formats.py set them).
+    the published formats need (their readers in drafters/formats/published.py set them).
 
     fc_bias: a bias on fc, params["fc_bias"] [D] (EAGLE-1 heads for Vicuna and LLaMA 2).
     input_norm: the layer normalises its input (EAGLE-1's layer 0 does not; EAGLE-3's

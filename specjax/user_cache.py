@@ -1,9 +1,7 @@
 """The directory specjax keeps files in between processes, and writing a directory into it whole.
 
-Two things live there: measured round costs (engine/cost_cache.py, under round_costs/) and
-tokenizers that transformers builds from GGUF metadata (io/gguf_file.py, under tokenizers/:
-building SmolLM2's from its GGUF file takes about 8 s, loading the saved one 0.5 s). Both are
-derived data: deleting the directory loses nothing but the time to make them again.
+What lives there: measured round costs (engine/cost_cache.py, under round_costs/), derived
+data: deleting the directory loses nothing but the time to measure them again.
 """
 
 from __future__ import annotations

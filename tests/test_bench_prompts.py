@@ -11,9 +11,11 @@ import pytest
 from conftest import TARGET_CONFIG, scaled_model
 
 import specjax
+from specjax.api import load_drafter
 from specjax.bench import BenchConfig, run_bench
 from specjax.bench.cost_model import CostTable, round_seconds
 from specjax.bench.prompt_sets import Prompts, encode, load_prompts, read_source
+from specjax.config import SpeculativeConfig
 from specjax.configs import from_dict
 from specjax.drafters import PromptLookup
 from specjax.io.tokenizer import ByteTokenizer
@@ -72,7 +74,12 @@ def test_corpus_prompts_share_one_length_and_file_prompts_stay_whole(tmp_path):
             ValueError,
             r"bad\.jsonl, line 2: not valid JSON",
         ),
-        ("neither.jsonl", '{"text": "hi"}\n', ValueError, r"line 1: the object has no 'prompt', 'turns' or 'messages' field"),
+        (
+            "neither.jsonl",
+            '{"text": "hi"}\n',
+            ValueError,
+            r"line 1: the object has no 'prompt', 'turns' or 'messages' field",
+        ),
         ("list.jsonl", '["hi"]\n', ValueError, r"line 1: expected a JSON object"),
         ("turns.jsonl", '{"turns": []}\n', ValueError, r"line 1: 'turns' must be a non-empty list"),
         ("number.jsonl", '{"prompt": 3}\n', ValueError, r"line 1: the prompt must be a string"),
@@ -184,20 +191,22 @@ def test_generate_reads_regenerated_chats_as_templated_prompts(tmp_path):
 
 def test_drafter_and_prompt_config_errors_name_the_key():
     cases = [
-        ({"draft": {"kind": "prompt_lookup", "max_ngrams": 3}}, r"unknown config key draft\.max_ngrams;"),
-        ({"draft": {"kind": "prompt_lookupp"}}, r"draft: unknown drafter kind 'prompt_lookupp'"),
-        ({"draft": {"kind": "prompt_lookup", "layers": 2}}, r"'prompt_lookup' takes max_ngram, min_ngram, prefer"),
-        ({"draft": {"kind": "layer_skip", "max_ngram": 2}}, r"'layer_skip' takes catch_up, layers, tree_candidates \("),
-        ({"draft": {"kind": "prompt_lookup", "min_ngram": 4}}, r"draft: PromptLookup needs 1 <= min_ngram"),
+        ({"draft": {"method": "prompt_lookup", "max_ngrams": 3}}, r"draft: unknown key 'max_ngrams'; valid keys: "),
+        ({"draft": {"method": "prompt_lookupp"}}, r"draft: unknown speculative method 'prompt_lookupp'"),
+        ({"draft": {"method": "prompt_lookup", "layers": 2}}, r"'prompt_lookup' does not take layers \(it takes "),
+        ({"draft": {"kind": "layer_skip", "max_ngram": 2}}, r"'layer_skip' does not take prompt_lookup_max"),
+        ({"draft": {"method": "ngram", "prompt_lookup_min": 4}}, r"PromptLookup needs 1 <= min_ngram"),
         ({"draft": {"hidden_sizee": 8}}, r"unknown config key draft\.hidden_sizee;"),  # a ModelConfig mapping
         ({"prompts": [{"domain": "code"}, {"fiel": "x"}]}, r"unknown config key prompts\[1\]\.fiel;"),
         ({"methods": {"drafters": [{"name": "a"}, {"name": "a"}]}}, "unique names"),
     ]
     for data, match in cases:
         with pytest.raises(ValueError, match=match):
-            from_dict(BenchConfig, data)
+            config = from_dict(BenchConfig, data)
+            if "draft" in data:  # value errors of a drafter's own come when it is built, before any run
+                load_drafter(config.draft, TARGET_CONFIG, load=lambda name: None)
     config = from_dict(BenchConfig, {"draft": {"kind": "layer-skip", "layers": 1}, "prompts": {"file": "p.jsonl"}})
-    assert config.draft.mapping() == {"kind": "layer_skip", "layers": 1}
+    assert config.draft == SpeculativeConfig(method="layer_skip", layers=1)
     assert config.prompt_sources == [Prompts(file="p.jsonl")]
 
 
@@ -218,7 +227,7 @@ def run(tmp_path_factory):
     # Ragged, but all in one 16-token bucket: one compiled program per spec and batch shape.
     (out / "notes.txt").write_text("the cat sat on\nthe mat\n\nthe cat")
     config = {
-        "draft": {"kind": "prompt_lookup", "max_ngram": 2},
+        "draft": {"method": "ngram", "prompt_lookup_max": 2},
         "prompts": [{"file": jsonl}, {"file": str(out / "notes.txt")}],
         "experiments": ["tokens_per_round", "k_sweep", "waste", "methods"],
         "max_new_tokens": 8,
@@ -229,7 +238,7 @@ def run(tmp_path_factory):
         "methods": {
             "num_speculative_tokens": 2,
             "temperatures": [0.0],  # shares compiled programs with E3 (T = 1 proposals: the test below)
-            "drafters": [{"name": "lookup"}, {"name": "skip", "draft": {"kind": "layer_skip", "layers": 1}}],
+            "drafters": [{"name": "lookup"}, {"name": "skip", "draft": {"method": "layer_skip", "layers": 1}}],
         },
     }
     model = scaled_model(TARGET_CONFIG.replace(vocab_size=259), seed=0)
@@ -245,7 +254,7 @@ def test_the_draft_may_be_any_drafter(run):
     results, _ = run
     draft = results["models"]["draft"]
     assert draft["kind"] == "prompt_lookup" and draft["parameters"] == 0
-    assert draft["name"] == "{kind: prompt_lookup, max_ngram: 2}"
+    assert draft["name"] == "{method: prompt_lookup, prompt_lookup_max: 2}"
     (spec,) = [
         r for r in results["experiments"]["k_sweep"]["rows"] if r["method"] != "plain" and r["category"] == "all"
     ]
@@ -304,7 +313,7 @@ def test_e8_compares_methods_per_temperature_and_category(run):
     assert e8["summary"]["best_method (T=0.0, chat)"] in ("lookup", "skip")
     assert e8["summary"]["greedy_outputs_match_plain"] is True
     summary = (out / "summary.md").read_text()
-    assert "| temperature | category | drafter |" in summary and "`skip`: {kind: layer_skip, layers: 1}" in summary
+    assert "| temperature | category | drafter |" in summary and "`skip`: {method: layer_skip, layers: 1}" in summary
 
 
 def test_a_forward_based_draft_share_needs_a_draft_model():

@@ -253,7 +253,7 @@ def test_training_lowers_the_loss_and_keeps_the_vocabulary_of_its_stream(target,
 def test_trained_head_is_a_published_eagle3_drafter_and_greedy_is_exact(target, straight):
     _, _, results = straight
     head = specjax.load_drafter(results["head"], target)
-    # What drafters/head_formats builds for a loaded EAGLE-3 checkpoint of this vocabulary.
+    # What drafters/formats/published.py builds for a loaded EAGLE-3 checkpoint of this vocabulary.
     assert head.options == HeadOptions(eagle3=True, feed_normed=False, hide_first=True, draft_vocab_size=DRAFT_VOCAB)
     assert head.feature_layers == LAYERS and head.params["lm_head"].shape == (BYTES3.hidden_size, DRAFT_VOCAB)
     prompts = held_out_prompts("code", 4, 16, split="validation")  # the eval's: its compiled program

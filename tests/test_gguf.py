@@ -269,7 +269,7 @@ def test_smollm2_matches_transformers_on_two_chat_prompts(smollm2):
     path = packaged_path("smollm2-135m-instruct")
     ours, prompts = smollm2
     theirs = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
-    out = specjax.generate(ours, prompts, specjax.GenerationConfig(max_new_tokens=16))
+    out = specjax.generate(ours, prompts, specjax.GenerationConfig(max_new_tokens=16, ignore_eos=True))
     near_ties = 0
     for ids, tokens in zip(prompts, out.tokens, strict=True):
         seq = ids + tokens

@@ -32,7 +32,7 @@ from test_head_formats import PROMPTS, TARGET, TOKENS, VOCAB, _reference_logits,
 import specjax
 from specjax.cli import main
 from specjax.drafters import Eagle, Medusa
-from specjax.drafters.head_files import weights_file
+from specjax.drafters.formats.files import weights_file
 from specjax.trees import Tree
 
 # (fixture head, format to save it in): each published layout in its own format (the first 7), and EAGLE-3
@@ -273,7 +273,7 @@ def test_speculators_config_names_the_verifiers_repo_its_stored_dtype_and_versio
     says which speculators layout the file follows."""
     import shutil
 
-    from specjax.drafters.head_writers import SPECULATORS_VERSION
+    from specjax.drafters.formats.writers import SPECULATORS_VERSION
 
     _, target_dir = hf_target
     named = tmp_path / "target"

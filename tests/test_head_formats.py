@@ -32,7 +32,7 @@ import specjax
 from specjax.bench.distribution import chi_square_p_value
 from specjax.core.sampling import SamplingConfig, probabilities
 from specjax.drafters import Eagle, Medusa
-from specjax.drafters.head_formats import eagle3_layers
+from specjax.drafters.formats.published import eagle3_layers
 from specjax.trees import Tree
 
 VOCAB, DRAFT_VOCAB, LAYERS = 16, 8, 7
@@ -317,7 +317,7 @@ def test_a_published_head_directory_is_a_drafter_spec_like_a_specjax_head(pair, 
     """`--drafter DIR` and {method: head, model: DIR, aux_layers: ...} reach the published
     reader; a Hugging Face model directory (config.json + model.safetensors too) stays a
     draft model."""
-    from specjax.drafters.head_formats import published_format
+    from specjax.drafters.formats.published import published_format
     from specjax.drafters.registry import resolve_method
 
     _, target = pair

@@ -19,7 +19,7 @@ import pytest
 
 import specjax
 from specjax.cli import main
-from specjax.drafters.head_io import is_head_directory
+from specjax.drafters.formats.native import is_head_directory
 from specjax.io import embedded
 
 if sys.version_info >= (3, 11):

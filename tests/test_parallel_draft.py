@@ -25,7 +25,7 @@ from test_sampling import PROMPT, _exact_joint
 import specjax
 from specjax.bench.distribution import chi_square_p_value
 from specjax.core.sampling import SamplingConfig
-from specjax.drafters import DraftContext, ParallelDraft, make_drafter
+from specjax.drafters import DraftContext, ParallelDraft
 from specjax.trees import Tree
 
 MASK = TARGET_CONFIG.vocab_size - 1  # an ordinary id to an untrained draft

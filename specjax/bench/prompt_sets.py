@@ -116,20 +116,23 @@ def _jsonl_chat(record: dict, where: str) -> Chat:
     try:
         messages, tools = chat_messages(record, "messages", answers_optional=True), chat_tools(record, "messages")
     except BadRecord as bad:
-        raise ValueError(f"{where}: not a valid 'messages' chat ({bad.reason.replace('_', ' ')}: {bad.detail})") from None
+        raise ValueError(
+            f"{where}: not a valid 'messages' chat ({bad.reason.replace('_', ' ')}: {bad.detail})"
+        ) from None
     if messages[-1]["role"] == "assistant":  # the answer (regenerate's output ends with one): not prompt
         messages = messages[:-1]
     if not any(m["role"] == "user" for m in messages):
         roles = [m["role"] for m in messages]
-        raise ValueError(f"{where}: the chat's prompt (before its final assistant turn) has no user turn: roles {roles}")
+        raise ValueError(
+            f"{where}: the chat's prompt (before its final assistant turn) has no user turn: roles {roles}"
+        )
     return Chat(tuple(messages), tools)
 
 
 def _jsonl_text(record, where: str) -> Prompt:
     if not isinstance(record, dict):
         raise ValueError(
-            f"{where}: expected a JSON object with a 'prompt', 'turns' or 'messages' field, "
-            f"got {type(record).__name__}"
+            f"{where}: expected a JSON object with a 'prompt', 'turns' or 'messages' field, got {type(record).__name__}"
         )
     if "messages" in record:
         return _jsonl_chat(record, where)
@@ -141,9 +144,7 @@ def _jsonl_text(record, where: str) -> Prompt:
             raise ValueError(f"{where}: 'turns' must be a non-empty list of strings, got {turns!r}")
         text = turns[0]
     else:
-        raise ValueError(
-            f"{where}: the object has no 'prompt', 'turns' or 'messages' field (keys: {sorted(record)})"
-        )
+        raise ValueError(f"{where}: the object has no 'prompt', 'turns' or 'messages' field (keys: {sorted(record)})")
     if not isinstance(text, str):
         raise ValueError(f"{where}: the prompt must be a string, got {text!r}")
     return text

@@ -1,7 +1,7 @@
 """`specjax save-model`: a model by name or path (a GGUF file, a packaged model, an embedded
 one) written as a Hugging Face directory (config.json, model.safetensors, tokenizer), so it
 can be compared with, or served by, other tools. `specjax save-head`: a draft head written
-in a layout others publish (drafters/head_writers.py), for vLLM and SGLang."""
+in a layout others publish (drafters/formats/writers.py), for vLLM and SGLang."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _save_model(args) -> int:
 
 
 def add_save_head(subparsers):
-    from specjax.drafters.head_writers import FORMATS
+    from specjax.drafters.formats.writers import FORMATS
     from specjax.io.embedded import default_pair, embedded_heads
 
     heads = ", ".join(embedded_heads()) or "none installed"
@@ -76,7 +76,7 @@ def _save_head(args) -> int:
     import dataclasses
     from pathlib import Path
 
-    from specjax.drafters.head_io import cast_floating, load_head, save_drafter
+    from specjax.drafters.formats.native import cast_floating, load_head, save_drafter
     from specjax.io.presets import load_model
 
     out = Path(args.out)

@@ -8,7 +8,8 @@ fallback.py       one drafter where it found something, another elsewhere
 medusa.py         Medusa heads on the target's own hidden states
 eagle.py          an EAGLE-style head: one layer extrapolating the target's features
 block_head.py     a DFlash-style block head: K proposals from one non-causal pass over target states
-head_io.py        saving and loading trained heads (`load_head`), checked against their target
+formats/          head files: specjax's own (`save_drafter`, `load_head`, checked against their target)
+                  and the layouts others publish (EAGLE, EAGLE-3, Medusa, speculators), read and written
 convert.py        `as_drafter`: a Model wherever a drafter is taken
 registry.py       every kind by name: `make_drafter` builds the one a SpeculativeConfig names
                   (the API, the CLI's --drafter and bench configs all give one)
@@ -22,7 +23,7 @@ from specjax.drafters.convert import as_drafter
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.eagle import Eagle
 from specjax.drafters.fallback import Fallback
-from specjax.drafters.head_io import load_head, save_drafter, target_fingerprint
+from specjax.drafters.formats.native import load_head, save_drafter, target_fingerprint
 from specjax.drafters.layer_skip import LayerSkip
 from specjax.drafters.medusa import Medusa
 from specjax.drafters.parallel_draft import ParallelDraft

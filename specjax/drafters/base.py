@@ -146,7 +146,7 @@ class Drafter(abc.ABC):
         if not self.supports_trees:
             raise ValueError(
                 f"drafter {self.name!r} cannot expand a token tree; "
-                "trees work with DraftModel, ParallelDraft, LayerSkip, Medusa and Eagle"
+                "trees work with DraftModel, ParallelDraft, LayerSkip, Medusa, Eagle and BlockHead"
             )
         self.check(target_config, tree.num_nodes)
 

@@ -23,17 +23,22 @@ top-k (or i.i.d. draws), as for Medusa and ParallelDraft.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from specjax.core.loop import gather_tokens
-from specjax.core.sampling import probabilities, sample
-from specjax.drafters.base import DraftContext, Drafter, Proposal
-from specjax.drafters.eagle import store_verified
-from specjax.drafters.medusa import cartesian_tree
+from specjax.drafters.base import DraftContext
+from specjax.drafters.common import (
+    BlockProposals,
+    CatchesUp,
+    HoldsWeights,
+    check_same_target,
+    check_tree_candidates,
+    features_by_position,
+    store_verified,
+)
 from specjax.models import BlockMask, KVCache, ModelConfig, feature_layers, init_cache
 from specjax.models.block_net import block_head_forward, write_context
 
@@ -45,7 +50,7 @@ class BlockHeadState:
 
 
 @dataclasses.dataclass(frozen=True)
-class BlockHead(Drafter):
+class BlockHead(HoldsWeights, CatchesUp, BlockProposals):
     """A DFlash-style block head for one target; `config` is its N-layer Llama config
     (models/heads.head_config with num_hidden_layers=N).
 
@@ -82,23 +87,11 @@ class BlockHead(Drafter):
             raise ValueError(f"BlockHead.block_size (the K it was trained for) must be >= 1, got {self.block_size}")
         if self.catch_up < 0:
             raise ValueError(f"BlockHead.catch_up must be >= 0 (0: K + 1), got {self.catch_up}")
-        if self.tree_candidates not in ("sample", "top"):
-            raise ValueError(f"BlockHead.tree_candidates must be 'sample' or 'top', got {self.tree_candidates!r}")
+        check_tree_candidates("BlockHead", self.tree_candidates)
 
     @property
     def needs_features(self):
         return self.feature_layers
-
-    def weights(self) -> Any:
-        if self.params is None:
-            raise ValueError("this BlockHead holds no weights (it is the static part of one)")
-        return self.params
-
-    def without_weights(self) -> BlockHead:
-        return dataclasses.replace(self, params=None)
-
-    def tolerating_lag(self, lag: int) -> BlockHead:
-        return dataclasses.replace(self, catch_up=max(self.catch_up, lag))
 
     def check(self, target_config: ModelConfig, num_speculative_tokens: int) -> None:
         self._check_target(target_config)
@@ -115,12 +108,7 @@ class BlockHead(Drafter):
             )
 
     def _check_target(self, target_config: ModelConfig) -> None:
-        for field in ("hidden_size", "vocab_size", "tie_word_embeddings"):
-            mine, theirs = getattr(self.config, field), getattr(target_config, field)
-            if mine != theirs:
-                raise ValueError(
-                    f"this block head has {field}={mine}, the target {theirs}: it was trained for another target"
-                )
+        check_same_target("block head", self.config, target_config)
         feature_layers(self.feature_layers, target_config.num_hidden_layers)  # a ValueError naming bad ones
         if self.params is not None:
             want, fc = len(self.feature_layers) * self.config.hidden_size, self.params["fc"]
@@ -132,8 +120,7 @@ class BlockHead(Drafter):
 
     def init(self, weights, ctx: DraftContext, prompt, cache_length: int) -> BlockHeadState:
         b, t = prompt.shape
-        features = jnp.zeros((b, cache_length, ctx.features.shape[-1]), ctx.features.dtype)
-        features = features.at[:, :t].set(ctx.features)  # [B, S, n * D]: the prompt's, by position
+        features = features_by_position(ctx, prompt, cache_length)  # [B, S, n * D]: the prompt's, by position
         cache = init_cache(self.config, b, cache_length, dtype=ctx.cache.dtype, block_size=ctx.cache.block_size)
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         # Every prompt position; those at or past L - 1 hold nothing any query reads before a
@@ -172,19 +159,7 @@ class BlockHead(Drafter):
         cache = cache.replace(lengths=jnp.maximum(lengths - 1, 0))  # the block's slots hold no context
         return logits[:, 1:], state.replace(cache=cache)  # [B, drafts, V]: the masks' outputs
 
-    def propose(self, weights, state: BlockHeadState, ctx: DraftContext, key):
-        logits, state = self.block_logits(weights, state, ctx, ctx.num_speculative_tokens)  # [B, K, V]
-        if ctx.sampling.greedy:
-            return Proposal(tokens=jnp.argmax(logits, axis=-1).astype(jnp.int32), q=None), state
-        q = probabilities(logits, ctx.sampling)  # [B, K, V]: proposal i is drawn from q[:, i] alone
-        return Proposal(tokens=sample(key, q), q=q), state
-
-    def propose_tree(self, weights, state: BlockHeadState, ctx: DraftContext, key):
-        logits, state = self.block_logits(weights, state, ctx, ctx.tree.depth)  # [B, depth, V]
-        scores = logits if ctx.sampling.greedy else probabilities(logits, ctx.sampling)
-        sampled = not ctx.sampling.greedy and self.tree_candidates == "sample"
-        return cartesian_tree(ctx.tree, scores, key, sampled), state
-
+    # propose and propose_tree come from BlockProposals: one block_logits per round.
     # update_tree keeps the default (update, no K/V moved): tree nodes never enter this cache.
 
     def update(self, weights, state: BlockHeadState, ctx: DraftContext, num_accepted):

@@ -17,4 +17,6 @@ def as_drafter(draft: Model | Drafter) -> Drafter:
         return draft
     if isinstance(draft, Model):
         return DraftModel(draft)
-    raise TypeError(f"draft must be a specjax Model or a Drafter (e.g. specjax.drafters.PromptLookup()), got {type(draft)!r}")
+    raise TypeError(
+        f"draft must be a specjax Model or a Drafter (e.g. specjax.drafters.PromptLookup()), got {type(draft)!r}"
+    )

@@ -11,31 +11,22 @@ lag: 2 when this model's own drafts are what gets verified.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from specjax.core.loop import gather_tokens, prefill
-from specjax.core.sampling import SamplingConfig, probabilities, sample
-from specjax.drafters.base import DraftContext, Drafter, Proposal, TreeProposal
+from specjax.drafters.base import DraftContext
+from specjax.drafters.common import CatchesUp, HoldsWeights, check_tree_candidates
+from specjax.drafters.proposing import candidate_scores, draft_chain, expand_tree, samples_candidates, tree_feed
 from specjax.io.model import Model
-from specjax.models import KVCache, ModelConfig, TreeMask, forward
+from specjax.models import KVCache, ModelConfig, forward
 
 
 @struct.dataclass
 class ModelDraftState:
     cache: KVCache  # the draft's own KV cache, [layers, B, S, n_kv, d_head]
-
-
-def _draw(key, logits, sampling: SamplingConfig):
-    """Draft token and the probabilities it was drawn from (None when greedy): logits [B, V]."""
-    if sampling.greedy:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
-    q = probabilities(logits, sampling)
-    return sample(key, q), q
 
 
 RESYNC_CHUNK = 32  # tokens per forward when a cache lags far behind
@@ -74,30 +65,29 @@ def committed_cache(cache: KVCache, ctx: DraftContext) -> KVCache:
     return cache.replace(lengths=jnp.minimum(cache.lengths, ctx.lengths - 1))
 
 
+def catch_up_logits(config: ModelConfig, params, cache: KVCache, ctx: DraftContext, catch_up: int):
+    """A round's catch-up: `resync`, then one forward over positions L-W..L-1 (W = catch_up;
+    a short prompt repeats position 0, writing the same K/V twice). -> (logits [B, W, V], cache)."""
+    cache = resync(config, params, cache, ctx, catch_up)
+    feed = jnp.maximum(ctx.lengths[:, None] + jnp.arange(-catch_up, 0), 0)  # [B, W]
+    return forward(config, params, gather_tokens(ctx.tokens, feed), feed, cache)
+
+
 def propose_autoregressive(config: ModelConfig, params, cache: KVCache, ctx: DraftContext, key, catch_up: int):
     """K tokens from a model: catch-up of width `catch_up`, then K - 1 single-token steps.
 
     Returns (Proposal(tokens [B, K], q [B, K, V] or None when greedy), cache).
     """
-    k = ctx.num_speculative_tokens
-    lengths = ctx.lengths
-    cache = resync(config, params, cache, ctx, catch_up)
-    # Positions L-W..L-1 (a short prompt repeats position 0, writing the same K/V twice).
-    feed = jnp.maximum(lengths[:, None] + jnp.arange(-catch_up, 0), 0)  # [B, W]
-    logits, cache = forward(config, params, gather_tokens(ctx.tokens, feed), feed, cache)
+    logits, cache = catch_up_logits(config, params, cache, ctx, catch_up)
 
-    def draft_step(carry, step_key):
-        cache, logits, position = carry  # logits [B, V] predict the token at `position` [B]
-        token, q = _draw(step_key, logits, ctx.sampling)
+    def advance(carry, token):  # token [B] at `position` [B]
+        cache, position = carry
         logits, cache = forward(config, params, token[:, None], position[:, None], cache)
-        return (cache, logits[:, 0], position + 1), (token, q)
+        return logits[:, 0], (cache, position + 1)
 
-    keys = jax.random.split(key, k)
-    (cache, logits, _), (tokens, qs) = jax.lax.scan(draft_step, (cache, logits[:, -1], lengths), keys[:-1])
-    last_token, last_q = _draw(keys[-1], logits, ctx.sampling)
-    drafts = jnp.concatenate([tokens.T, last_token[:, None]], axis=1)  # [B, K]
-    q = None if last_q is None else jnp.concatenate([qs.transpose(1, 0, 2), last_q[:, None]], axis=1)
-    return Proposal(tokens=drafts, q=q), cache
+    carry = (cache, ctx.lengths)
+    proposal, (cache, _) = draft_chain(advance, carry, logits[:, -1], key, ctx.num_speculative_tokens, ctx.sampling)
+    return proposal, cache
 
 
 def propose_tree(config: ModelConfig, params, cache: KVCache, ctx: DraftContext, key, catch_up: int, candidates: str):
@@ -109,41 +99,22 @@ def propose_tree(config: ModelConfig, params, cache: KVCache, ctx: DraftContext,
     are the top-ranked tokens (greedy, or candidates == "top") or i.i.d. draws from q.
     Returns (TreeProposal(tokens [B, N], q [B, N + 1, V] or None), cache).
     """
-    tree = ctx.tree
-    b = ctx.lengths.shape[0]
+    tree, sampling = ctx.tree, ctx.sampling
     start = ctx.lengths - 1  # the root's slot and position
-    cache = resync(config, params, cache, ctx, catch_up)
-    feed = jnp.maximum(ctx.lengths[:, None] + jnp.arange(-catch_up, 0), 0)  # [B, W]
-    logits, cache = forward(config, params, gather_tokens(ctx.tokens, feed), feed, cache)
-    sampled = not ctx.sampling.greedy and candidates == "sample"
-    visible = jnp.asarray(tree.ancestors)  # [N+1, N+1]
-    tokens = jnp.zeros((b, tree.num_nodes + 1), jnp.int32)  # node 0 (the root) unused
-    q_all = jnp.zeros((b, tree.num_nodes + 1, config.vocab_size), jnp.float32) if sampled else None
-    parents, parent_logits = np.array([0]), logits[:, -1:]  # [P], [B, P, V]
-    keys = jax.random.split(key, tree.depth)
-    for depth in range(1, tree.depth + 1):
-        nodes = tree.level(depth)  # [M]
-        local = np.searchsorted(parents, tree.parents[nodes])  # each node's parent within `parents`
-        ranks = tree.ranks[nodes]
-        scores = parent_logits if ctx.sampling.greedy else probabilities(parent_logits, ctx.sampling)
-        if sampled:
-            q_all = q_all.at[:, parents].set(scores)
-            draws = jax.random.categorical(
-                keys[depth - 1], jnp.log(scores), axis=-1, shape=(int(ranks.max()) + 1, *scores.shape[:-1])
-            )
-            chosen = draws[ranks, :, local].T  # [B, M]
-        else:
-            top = jax.lax.top_k(scores, int(ranks.max()) + 1)[1]  # [B, P, R]
-            chosen = top[:, local, ranks]  # [B, M]
-        tokens = tokens.at[:, nodes].set(chosen.astype(jnp.int32))
-        parents = tree.internal(depth)
-        if depth == tree.depth or parents.size == 0:
-            break
-        slots = start[:, None] + parents  # [B, F]
-        positions = jnp.broadcast_to(start[:, None] + depth, slots.shape)
-        mask = TreeMask(start=start, slots=slots, visible=visible[parents])
-        parent_logits, cache = forward(config, params, tokens[:, parents], positions, cache, mask)
-    return TreeProposal(tokens=tokens[:, 1:], q=q_all), cache
+    logits, cache = catch_up_logits(config, params, cache, ctx, catch_up)
+
+    def grow(depth, parents, tokens, cache):
+        positions, mask = tree_feed(tree, start, depth, parents)
+        logits, cache = forward(config, params, tokens[:, parents], positions, cache, mask)
+        return candidate_scores(logits, sampling), cache  # [B, F, V]
+
+    root = candidate_scores(logits[:, -1:], sampling)  # [B, 1, V]
+    return expand_tree(tree, root, key, samples_candidates(sampling, candidates), grow, cache)
+
+
+def prefilled(config: ModelConfig, params, ctx: DraftContext, prompt, cache_length: int) -> ModelDraftState:
+    """A draft model's state after the prefill: the prompt's K/V, cache.lengths = prompt lengths."""
+    return ModelDraftState(cache=prefill(config, params, prompt, ctx.lengths, cache_length, ctx.cache))
 
 
 def check_vocabulary(draft: ModelConfig, target: ModelConfig) -> None:
@@ -155,7 +126,7 @@ def check_vocabulary(draft: ModelConfig, target: ModelConfig) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftModel(Drafter):
+class DraftModel(HoldsWeights, CatchesUp):
     """A separate draft `Model` (the classic draft/target pair). `generate(..., draft=model)`
     wraps a plain `Model` passed as `draft` in this.
 
@@ -172,6 +143,7 @@ class DraftModel(Drafter):
     tree_candidates: str = "sample"
     name = "draft_model"
     supports_trees = True
+    weights_field = "model"
 
     def __post_init__(self):
         if self.model is not None:
@@ -180,25 +152,13 @@ class DraftModel(Drafter):
             raise ValueError("DraftModel needs a Model (DraftModel(model))")
         if self.catch_up < 2:
             raise ValueError(f"DraftModel.catch_up must be >= 2, got {self.catch_up}")
-        if self.tree_candidates not in ("sample", "top"):
-            raise ValueError(f"DraftModel.tree_candidates must be 'sample' or 'top', got {self.tree_candidates!r}")
-
-    def weights(self) -> Any:
-        if self.model is None:
-            raise ValueError("this DraftModel holds no weights (it is the static part of one)")
-        return self.model.params
-
-    def without_weights(self) -> DraftModel:
-        return dataclasses.replace(self, model=None)
-
-    def tolerating_lag(self, lag: int) -> DraftModel:
-        return dataclasses.replace(self, catch_up=max(self.catch_up, lag))
+        check_tree_candidates("DraftModel", self.tree_candidates)
 
     def check(self, target_config: ModelConfig, num_speculative_tokens: int) -> None:
         check_vocabulary(self.config, target_config)
 
     def init(self, weights, ctx: DraftContext, prompt, cache_length: int) -> ModelDraftState:
-        return ModelDraftState(cache=prefill(self.config, weights, prompt, ctx.lengths, cache_length, ctx.cache))
+        return prefilled(self.config, weights, ctx, prompt, cache_length)
 
     def propose(self, weights, state: ModelDraftState, ctx: DraftContext, key):
         proposal, cache = propose_autoregressive(self.config, weights, state.cache, ctx, key, self.catch_up)

@@ -18,7 +18,6 @@ f̂ [D], as EAGLE-3 does.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,10 +25,10 @@ import numpy as np
 from flax import struct
 
 from specjax.core.loop import gather_tokens
-from specjax.core.sampling import probabilities
-from specjax.drafters.base import DraftContext, Drafter, Proposal, TreeProposal
-from specjax.drafters.draft_model import _draw
-from specjax.models import KVCache, ModelConfig, TreeMask, feature_layers, init_cache
+from specjax.drafters.base import DraftContext
+from specjax.drafters.common import HoldsWeights, check_same_target, features_by_position, store_verified
+from specjax.drafters.proposing import candidate_scores, draft_chain, expand_tree, samples_candidates, tree_feed
+from specjax.models import KVCache, ModelConfig, feature_layers, init_cache
 from specjax.models.heads import SPECJAX_HEAD, HeadOptions, eagle_forward, head_slots
 
 
@@ -40,7 +39,7 @@ class EagleState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Eagle(Drafter):
+class Eagle(HoldsWeights):
     """An EAGLE-style head for one target; `config` is its one-layer Llama config.
 
     `feature_layers`: () reads the target's final-norm feature (EAGLE); block indices
@@ -66,21 +65,8 @@ class Eagle(Drafter):
         # What the engine passes to forward/prefill as `features=`: a layer tuple, or True.
         return self.feature_layers or True
 
-    def weights(self) -> Any:
-        if self.params is None:
-            raise ValueError("this Eagle holds no weights (it is the static part of one)")
-        return self.params
-
-    def without_weights(self) -> Eagle:
-        return dataclasses.replace(self, params=None)
-
     def check(self, target_config: ModelConfig, num_speculative_tokens: int) -> None:
-        for field in ("hidden_size", "vocab_size", "tie_word_embeddings"):
-            mine, theirs = getattr(self.config, field), getattr(target_config, field)
-            if mine != theirs:
-                raise ValueError(
-                    f"this EAGLE head has {field}={mine}, the target {theirs}: it was trained for another target"
-                )
+        check_same_target("EAGLE head", self.config, target_config)
         if self.feature_layers:
             feature_layers(self.feature_layers, target_config.num_hidden_layers)  # a ValueError naming bad ones
         want = len(self.feature_layers) * self.config.hidden_size
@@ -114,8 +100,7 @@ class Eagle(Drafter):
     def init(self, weights, ctx: DraftContext, prompt, cache_length: int) -> EagleState:
         b, t = prompt.shape
         # [B, S, D] (final-norm) or [B, S, n * D] (multi-layer): the target features by position.
-        features = jnp.zeros((b, cache_length, ctx.features.shape[-1]), ctx.features.dtype)
-        features = features.at[:, :t].set(ctx.features)
+        features = features_by_position(ctx, prompt, cache_length)
         cache = init_cache(self.config, b, cache_length, dtype=ctx.cache.dtype, block_size=ctx.cache.block_size)
         # Every prompt position p gets (token_p, f_{p-1}); padding positions are rewritten later.
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
@@ -148,67 +133,41 @@ class Eagle(Drafter):
         return logits[:, -1], predicted[:, -1], cache
 
     def propose(self, weights, state: EagleState, ctx: DraftContext, key):
-        k = ctx.num_speculative_tokens
-        lengths = ctx.lengths
-        logits, feature, cache = self._catch_up(weights, state, ctx, k)
+        logits, feature, cache = self._catch_up(weights, state, ctx, ctx.num_speculative_tokens)
 
-        def draft_step(carry, step_key):
-            cache, logits, feature, position = carry  # logits [B, V] predict the token at `position`
-            token, q = _draw(step_key, logits, ctx.sampling)
+        def advance(carry, token):  # token [B] at `position` [B], fed with the head's own f̂
+            cache, feature, position = carry
             logits, cache, feature = self._forward(
                 weights, ctx, token[:, None], feature[:, None], position[:, None], cache
             )
-            return (cache, logits[:, 0], feature[:, 0], position + 1), (token, q)
+            return logits[:, 0], (cache, feature[:, 0], position + 1)
 
-        keys = jax.random.split(key, k)
-        carry = (cache, logits, feature, lengths)
-        (cache, logits, _, _), (tokens, qs) = jax.lax.scan(draft_step, carry, keys[:-1])
-        last_token, last_q = _draw(keys[-1], logits, ctx.sampling)
-        drafts = jnp.concatenate([tokens.T, last_token[:, None]], axis=1)  # [B, K]
-        q = None if last_q is None else jnp.concatenate([qs.transpose(1, 0, 2), last_q[:, None]], axis=1)
-        return Proposal(tokens=drafts, q=q), state.replace(cache=cache)
+        carry = (cache, feature, ctx.lengths)
+        proposal, (cache, _, _) = draft_chain(advance, carry, logits, key, ctx.num_speculative_tokens, ctx.sampling)
+        return proposal, state.replace(cache=cache)
 
     def propose_tree(self, weights, state: EagleState, ctx: DraftContext, key):
         """Expand `ctx.tree` by depth (EAGLE-2's tree drafting, on a static tree): a node at
         depth d is fed (its token, its parent's predicted feature) at position L - 1 + d and
         tree slot L - 1 + i, seeing the prefix and its ancestors."""
-        tree = ctx.tree
+        tree, sampling = ctx.tree, ctx.sampling
         b = ctx.lengths.shape[0]
         start = ctx.lengths - 1
         root_logits, root_feature, cache = self._catch_up(weights, state, ctx, tree.depth)
-        sampled = not ctx.sampling.greedy and self.tree_candidates == "sample"
-        visible = jnp.asarray(tree.ancestors)
-        tokens = jnp.zeros((b, tree.num_nodes + 1), jnp.int32)
         predicted = jnp.zeros((b, tree.num_nodes + 1, self.config.hidden_size), root_feature.dtype)
         predicted = predicted.at[:, 0].set(root_feature)  # [B, N+1, D]: f̂ at each fed node
-        q_all = jnp.zeros((b, tree.num_nodes + 1, self.config.vocab_size), jnp.float32) if sampled else None
-        parents, parent_logits = np.array([0]), root_logits[:, None]  # [P], [B, P, V]
-        keys = jax.random.split(key, tree.depth)
-        for depth in range(1, tree.depth + 1):
-            nodes = tree.level(depth)
-            local = np.searchsorted(parents, tree.parents[nodes])
-            ranks = tree.ranks[nodes]
-            scores = parent_logits if ctx.sampling.greedy else probabilities(parent_logits, ctx.sampling)
-            if sampled:
-                q_all = q_all.at[:, parents].set(scores)
-                shape = (int(ranks.max()) + 1, *scores.shape[:-1])
-                draws = jax.random.categorical(keys[depth - 1], jnp.log(scores), axis=-1, shape=shape)
-                chosen = draws[ranks, :, local].T  # [B, M]
-            else:
-                chosen = jax.lax.top_k(scores, int(ranks.max()) + 1)[1][:, local, ranks]  # [B, M]
-            tokens = tokens.at[:, nodes].set(chosen.astype(jnp.int32))
-            parents = tree.internal(depth)
-            if depth == tree.depth or parents.size == 0:
-                break
-            slots = start[:, None] + parents  # [B, F]
-            positions = jnp.broadcast_to(start[:, None] + depth, slots.shape)
-            mask = TreeMask(start=start, slots=slots, visible=visible[parents])
+
+        def grow(depth, parents, tokens, carry):
+            cache, predicted = carry
+            positions, mask = tree_feed(tree, start, depth, parents)
             previous = predicted[:, tree.parents[parents]]  # [B, F, D]: each node's parent's f̂
-            parent_logits, cache, features = self._forward(
-                weights, ctx, tokens[:, parents], previous, positions, cache, mask
-            )
-            predicted = predicted.at[:, parents].set(features)
-        return TreeProposal(tokens=tokens[:, 1:], q=q_all), state.replace(cache=cache)
+            logits, cache, features = self._forward(weights, ctx, tokens[:, parents], previous, positions, cache, mask)
+            return candidate_scores(logits, sampling), (cache, predicted.at[:, parents].set(features))
+
+        root = candidate_scores(root_logits[:, None], sampling)  # [B, 1, V]
+        sampled = samples_candidates(sampling, self.tree_candidates)
+        proposal, (cache, _) = expand_tree(tree, root, key, sampled, grow, (cache, predicted))
+        return proposal, state.replace(cache=cache)
 
     def update_tree(self, weights, state: EagleState, ctx: DraftContext, src, dst, num_accepted):
         # Slots of positions; a head with position 0 hidden holds position p at slot p - 1.
@@ -226,19 +185,6 @@ class Eagle(Drafter):
         # drafted ones past it were fed predicted features, and the next catch-up rewrites them.
         cache = state.cache.replace(lengths=jnp.minimum(state.cache.lengths, ctx.lengths - num_accepted - 1))
         return state.replace(features=features, cache=cache)
-
-
-def store_verified(features, ctx: DraftContext, num_accepted):
-    """features [B, S, F] by position, with the round's verified target features written in:
-    ctx.features [B, A + 1, F] at positions L_prev - 1 + j for j <= num_accepted (L_prev =
-    new length - num_accepted - 1, before any EOS/max cut; a cut row is done and never
-    drafts again). Drafters that read the target's states by position (EAGLE, the block head)
-    keep them this way."""
-    j = jnp.arange(ctx.features.shape[1])[None, :]
-    start = ctx.lengths - num_accepted - 2  # [B]
-    slots = jnp.where(j <= num_accepted[:, None], start[:, None] + j, features.shape[1])
-    rows = jnp.arange(slots.shape[0])[:, None]
-    return features.at[rows, slots].set(ctx.features.astype(features.dtype), mode="drop")
 
 
 def _previous(features, positions):

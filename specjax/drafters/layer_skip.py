@@ -26,7 +26,8 @@ import dataclasses
 from flax import struct
 
 from specjax.core.loop import prefill
-from specjax.drafters.base import DraftContext, Drafter
+from specjax.drafters.base import DraftContext
+from specjax.drafters.common import CatchesUp
 from specjax.drafters.draft_model import committed_cache, propose_autoregressive, propose_tree
 from specjax.models import KVCache, ModelConfig
 
@@ -44,7 +45,7 @@ def early_exit(config: ModelConfig, params: dict, layers: int) -> tuple[ModelCon
 
 
 @dataclasses.dataclass(frozen=True)
-class LayerSkip(Drafter):
+class LayerSkip(CatchesUp):
     """Draft with the target's first `layers` layers (0 < layers < the target's layer count)."""
 
     layers: int
@@ -52,9 +53,6 @@ class LayerSkip(Drafter):
     tree_candidates: str = "sample"  # as DraftModel.tree_candidates
     name = "layer_skip"
     supports_trees = True
-
-    def tolerating_lag(self, lag: int) -> LayerSkip:
-        return dataclasses.replace(self, catch_up=max(self.catch_up, lag))
 
     def check(self, target_config: ModelConfig, num_speculative_tokens: int) -> None:
         total = target_config.num_hidden_layers

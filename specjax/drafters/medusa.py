@@ -9,7 +9,7 @@ previous verify pass computed, and drafting costs one tiny matmul per head and n
 target pass: the verify pass's hidden states come free (forward(..., features=True)).
 The heads' network (init, `medusa_hidden`, `medusa_logits`) lives in specjax/models/heads.py.
 Published Medusa-1 heads also carry a trained LM head each (params["lm_head"] [H, D, V]),
-and some several residual blocks per head (w [H, L, D, D]); drafters/head_formats.py reads them.
+and some several residual blocks per head (w [H, L, D, D]); drafters/formats/published.py reads them.
 
 With a tree, depth d takes head d's candidates (the top-ranked tokens, or i.i.d. draws
 under sampling), whatever the parent: Medusa's Cartesian-product trees.
@@ -18,15 +18,14 @@ under sampling), whatever the parent: Medusa's Cartesian-product trees.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax.core.sampling import probabilities, sample
-from specjax.drafters.base import DraftContext, Drafter, Proposal, TreeProposal
+from specjax.drafters.base import DraftContext
+from specjax.drafters.common import BlockProposals, HoldsWeights, check_tree_candidates
 from specjax.models import ModelConfig
 from specjax.models.heads import medusa_logits
 
@@ -37,7 +36,7 @@ class MedusaState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Medusa(Drafter):
+class Medusa(HoldsWeights, BlockProposals):
     """Medusa heads for one target: `params` {"w": [H, D, D], "b": [H, D]}, or with L blocks per
     head {"w": [H, L, D, D], "b": [H, L, D]}; optional "lm_head" [H, D, V], each head's own LM head.
     num_heads, hidden_size, num_layers and lm_heads are read from the params when given."""
@@ -60,16 +59,7 @@ class Medusa(Drafter):
             object.__setattr__(self, "hidden_size", int(shape[-1]))
             object.__setattr__(self, "num_layers", int(shape[1]) if len(shape) == 4 else 1)
             object.__setattr__(self, "lm_heads", "lm_head" in self.params)
-        if self.tree_candidates not in ("sample", "top"):
-            raise ValueError(f"Medusa.tree_candidates must be 'sample' or 'top', got {self.tree_candidates!r}")
-
-    def weights(self) -> Any:
-        if self.params is None:
-            raise ValueError("this Medusa holds no weights (it is the static part of one)")
-        return self.params
-
-    def without_weights(self) -> Medusa:
-        return dataclasses.replace(self, params=None)
+        check_tree_candidates("Medusa", self.tree_candidates)
 
     def check(self, target_config: ModelConfig, num_speculative_tokens: int) -> None:
         self._check_target(target_config)
@@ -100,53 +90,13 @@ class Medusa(Drafter):
         at = jnp.maximum(ctx.lengths - 2, 0)  # [B]
         return MedusaState(feature=jnp.take_along_axis(ctx.features, at[:, None, None], axis=1)[:, 0])
 
-    def _head_scores(self, weights, state: MedusaState, ctx: DraftContext, heads: int):
-        """Logits (greedy) or processed probabilities of the first `heads` heads: [B, heads, V]."""
-        logits = medusa_logits(jax.tree.map(lambda x: x[:heads], weights), state.feature, ctx.target, ctx.target_params)
-        return logits if ctx.sampling.greedy else probabilities(logits, ctx.sampling)
-
-    def propose(self, weights, state: MedusaState, ctx: DraftContext, key):
-        k = ctx.num_speculative_tokens
-        scores = self._head_scores(weights, state, ctx, k)  # [B, K, V]
-        if ctx.sampling.greedy:
-            return Proposal(tokens=jnp.argmax(scores, axis=-1).astype(jnp.int32), q=None), state
-        return Proposal(tokens=sample(key, scores), q=scores), state
-
-    def propose_tree(self, weights, state: MedusaState, ctx: DraftContext, key):
-        scores = self._head_scores(weights, state, ctx, ctx.tree.depth)  # [B, D, V]
-        sampled = not ctx.sampling.greedy and self.tree_candidates == "sample"
-        return cartesian_tree(ctx.tree, scores, key, sampled), state
+    def block_logits(self, weights, state: MedusaState, ctx: DraftContext, drafts: int):
+        """The first `drafts` heads' logits [B, drafts, V] (head k guesses position lengths + k - 1);
+        `propose` and `propose_tree` follow (BlockProposals)."""
+        heads = jax.tree.map(lambda x: x[:drafts], weights)
+        return medusa_logits(heads, state.feature, ctx.target, ctx.target_params), state
 
     def update(self, weights, state: MedusaState, ctx: DraftContext, num_accepted):
         # The last verified position is L_prev - 1 + num_accepted = (new length) - 2.
         feature = jnp.take_along_axis(ctx.features, num_accepted[:, None, None], axis=1)[:, 0]
         return MedusaState(feature=feature.astype(state.feature.dtype))
-
-
-def cartesian_tree(tree, scores: jax.Array, key: jax.Array, sampled: bool) -> TreeProposal:
-    """A Cartesian-product tree from one distribution per depth, whatever the parent.
-
-    scores [B, D, V]: depth d's logits (greedy) or processed probabilities, d = 1..D, for
-    drafters whose depth-d guess does not read the tokens above it (Medusa heads, parallel
-    drafting). A node's rank-r child is the r-th top-ranked token of its depth, or with
-    `sampled` its own r-th i.i.d. draw from that depth's distribution (recorded in q at
-    the parent). Returns TreeProposal(tokens [B, N], q [B, N + 1, V] or None).
-    """
-    b = scores.shape[0]
-    tokens = jnp.zeros((b, tree.num_nodes + 1), jnp.int32)
-    q_all = jnp.zeros((b, tree.num_nodes + 1, scores.shape[-1]), jnp.float32) if sampled else None
-    keys = jax.random.split(key, tree.depth)
-    for depth in range(1, tree.depth + 1):
-        nodes, head = tree.level(depth), scores[:, depth - 1]  # head [B, V]
-        parents = np.unique(tree.parents[nodes])
-        local = np.searchsorted(parents, tree.parents[nodes])
-        ranks = tree.ranks[nodes]
-        if sampled:
-            q_all = q_all.at[:, parents].set(head[:, None, :])
-            shape = (int(ranks.max()) + 1, b, parents.size)
-            draws = jax.random.categorical(keys[depth - 1], jnp.log(head)[:, None, :], axis=-1, shape=shape)
-            chosen = draws[ranks, :, local].T  # [B, M]: each parent's own i.i.d. draws
-        else:
-            chosen = jax.lax.top_k(head, int(ranks.max()) + 1)[1][:, ranks]  # [B, M]
-        tokens = tokens.at[:, nodes].set(chosen.astype(jnp.int32))
-    return TreeProposal(tokens=tokens[:, 1:], q=q_all)

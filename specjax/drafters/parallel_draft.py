@@ -26,21 +26,19 @@ trees (`cartesian_tree`): one forward of W + depth - 1 tokens drafts every node.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax.numpy as jnp
 
-from specjax.core.loop import gather_tokens, prefill
-from specjax.core.sampling import probabilities, sample
-from specjax.drafters.base import DraftContext, Drafter, Proposal
-from specjax.drafters.draft_model import ModelDraftState, check_vocabulary, resync
-from specjax.drafters.medusa import cartesian_tree
+from specjax.core.loop import gather_tokens
+from specjax.drafters.base import DraftContext
+from specjax.drafters.common import BlockProposals, CatchesUp, HoldsWeights, check_tree_candidates
+from specjax.drafters.draft_model import ModelDraftState, check_vocabulary, prefilled, resync
 from specjax.io.model import Model
 from specjax.models import BlockMask, ModelConfig, forward
 
 
 @dataclasses.dataclass(frozen=True)
-class ParallelDraft(Drafter):
+class ParallelDraft(HoldsWeights, CatchesUp, BlockProposals):
     """A draft `Model` that proposes K tokens from one forward over [context, MASK x (K - 1)].
 
     mask_token_id: the id the draft was trained to read as "a token to guess" (a token of
@@ -60,6 +58,7 @@ class ParallelDraft(Drafter):
     tree_candidates: str = "sample"
     name = "parallel_draft"
     supports_trees = True
+    weights_field = "model"
 
     def __post_init__(self):
         if self.model is not None:
@@ -83,19 +82,7 @@ class ParallelDraft(Drafter):
             )
         if self.catch_up < 0:
             raise ValueError(f"ParallelDraft.catch_up must be >= 0 (0: K + 1), got {self.catch_up}")
-        if self.tree_candidates not in ("sample", "top"):
-            raise ValueError(f"ParallelDraft.tree_candidates must be 'sample' or 'top', got {self.tree_candidates!r}")
-
-    def weights(self) -> Any:
-        if self.model is None:
-            raise ValueError("this ParallelDraft holds no weights (it is the static part of one)")
-        return self.model.params
-
-    def without_weights(self) -> ParallelDraft:
-        return dataclasses.replace(self, model=None)
-
-    def tolerating_lag(self, lag: int) -> ParallelDraft:
-        return dataclasses.replace(self, catch_up=max(self.catch_up, lag))
+        check_tree_candidates("ParallelDraft", self.tree_candidates)
 
     def check(self, target_config: ModelConfig, num_speculative_tokens: int) -> None:
         # The target verifies draft token ids and q's [.., V] rows as its own.
@@ -103,7 +90,7 @@ class ParallelDraft(Drafter):
 
     def init(self, weights, ctx: DraftContext, prompt, cache_length: int) -> ModelDraftState:
         # As a draft model's: the prompt's K/V, cache.lengths = prompt lengths.
-        return ModelDraftState(cache=prefill(self.config, weights, prompt, ctx.lengths, cache_length, ctx.cache))
+        return prefilled(self.config, weights, ctx, prompt, cache_length)
 
     def block_logits(self, weights, state: ModelDraftState, ctx: DraftContext, width: int):
         """The one draft forward of a round: (logits [B, width, V], state).
@@ -133,20 +120,8 @@ class ParallelDraft(Drafter):
         cache = cache.replace(lengths=lengths)
         return logits[:, w - 1 :], ModelDraftState(cache=cache)  # [B, width, V]
 
-    def propose(self, weights, state: ModelDraftState, ctx: DraftContext, key):
-        logits, state = self.block_logits(weights, state, ctx, ctx.num_speculative_tokens)  # [B, K, V]
-        if ctx.sampling.greedy:
-            return Proposal(tokens=jnp.argmax(logits, axis=-1).astype(jnp.int32), q=None), state
-        # Proposal i is drawn from output i alone, so q[:, i] is exactly its distribution.
-        q = probabilities(logits, ctx.sampling)  # [B, K, V]
-        return Proposal(tokens=sample(key, q), q=q), state
-
-    def propose_tree(self, weights, state: ModelDraftState, ctx: DraftContext, key):
-        logits, state = self.block_logits(weights, state, ctx, ctx.tree.depth)  # [B, D, V]
-        scores = logits if ctx.sampling.greedy else probabilities(logits, ctx.sampling)
-        sampled = not ctx.sampling.greedy and self.tree_candidates == "sample"
-        return cartesian_tree(ctx.tree, scores, key, sampled), state
-
+    # propose and propose_tree come from BlockProposals: one block_logits per round, proposal
+    # i drawn from output i alone (so q[:, i] is exactly its distribution).
     # update_tree keeps the default (update, no K/V moved): tree nodes never enter this cache.
 
     def update(self, weights, state: ModelDraftState, ctx: DraftContext, num_accepted):

@@ -22,9 +22,9 @@ from typing import Any
 from specjax.drafters.base import Drafter
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.fallback import Fallback
-from specjax.drafters.head_files import WEIGHT_FILES
-from specjax.drafters.head_formats import published_format
-from specjax.drafters.head_io import is_head_directory, load_head
+from specjax.drafters.formats.files import WEIGHT_FILES
+from specjax.drafters.formats.native import is_head_directory, load_head
+from specjax.drafters.formats.published import published_format
 from specjax.drafters.layer_skip import LayerSkip
 from specjax.drafters.parallel_draft import ParallelDraft
 from specjax.drafters.prompt_lookup import PromptLookup
@@ -202,6 +202,17 @@ def _headlike(path: Path) -> bool:
 _MODEL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")  # what io/hf.py reads
 
 
+def _loading_once(load: Callable[[str], Model]) -> Callable[[str], Model]:
+    cache: dict = {}
+
+    def load_once(name):
+        if name not in cache:
+            cache[name] = load(name)
+        return cache[name]
+
+    return load_once
+
+
 def make_drafter(spec, load: Callable[[str], Model], target: ModelConfig | Model | None = None) -> Drafter:
     """The drafter a `SpeculativeConfig` names; `load(name)` resolves model names (it is
     called once per model: pass a caching one to share loads). A head is checked against
@@ -216,14 +227,8 @@ def make_drafter(spec, load: Callable[[str], Model], target: ModelConfig | Model
     if method is None:
         if spec.model is None:
             raise ValueError("a drafter spec needs a method or a model: {method: ...} or a drafter's name")
-        cache: dict[str, Model] = {}
-
-        def load_once(name):
-            if name not in cache:
-                cache[name] = load(name)
-            return cache[name]
-
-        method, load = resolve_method(spec.model, load_once), load_once
+        load = _loading_once(load)  # telling a PARD draft loads it: the builder reuses that load
+        method = resolve_method(spec.model, load)
         check_arguments(method, spec.drafter_arguments())
     try:
         return REGISTRY[method].build(spec, Build(load, target))

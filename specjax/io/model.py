@@ -30,7 +30,7 @@ class Model:
     mask_token_id: int | None = None
     # The Hugging Face repo id the weights come from, where known (config.json's `_name_or_path`
     # when it names a repo; a GGUF file's `general.source.*`; a packaged model's): the name a
-    # serving engine resolves, which published heads record as their verifier (drafters/head_writers.py).
+    # serving engine resolves, which published heads record as their verifier (drafters/formats/writers.py).
     hf_repo: str | None = None
 
     @property

@@ -189,7 +189,7 @@ def head_layer_shape(block: BlockHeadConfig, target_config: ModelConfig) -> tupl
 
 def block_head_start(block: BlockHeadConfig, target, seed: int):
     """(initial params, params -> BlockHead, the loss) for training a block head of `target`
-    (a Model); the drafter is the one the saved head loads as (drafters/head_io.py)."""
+    (a Model); the drafter is the one the saved head loads as (drafters/formats/native.py)."""
     from specjax.training.parallel_objective import default_mask_token_id
 
     target_config = target.config

@@ -78,7 +78,7 @@ class Eagle3Config:
 
 
 def eagle3_options(draft_vocab_size: int) -> HeadOptions:
-    """What a published EAGLE-3 head runs with (as drafters/head_formats._eagle3 loads one):
+    """What a published EAGLE-3 head runs with (as drafters/formats/published._eagle3 loads one):
     fed back before the norm, the first entry hidden (the published head never sees it)."""
     return HeadOptions(eagle3=True, feed_normed=False, hide_first=True, draft_vocab_size=draft_vocab_size)
 

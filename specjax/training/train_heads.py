@@ -45,8 +45,8 @@ from tqdm.auto import tqdm
 from specjax.api import generate
 from specjax.config import GenerationConfig, SpeculativeConfig
 from specjax.drafters.eagle import Eagle
-from specjax.drafters.head_formats import eagle3_layers
-from specjax.drafters.head_io import save_drafter
+from specjax.drafters.formats.native import save_drafter
+from specjax.drafters.formats.published import eagle3_layers
 from specjax.drafters.medusa import Medusa
 from specjax.io.model import Model
 from specjax.models import ModelConfig, feature_layers, full_forward

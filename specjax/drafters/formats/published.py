@@ -32,8 +32,8 @@ import numpy as np
 
 from specjax.drafters.base import Drafter
 from specjax.drafters.eagle import Eagle
-from specjax.drafters.head_eagle3 import eagle3_params
-from specjax.drafters.head_files import (
+from specjax.drafters.formats.eagle3 import eagle3_params
+from specjax.drafters.formats.files import (
     WEIGHT_FILES,
     HeadTensors,
     read_config,

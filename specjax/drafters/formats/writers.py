@@ -16,7 +16,7 @@ Every config names the target as engines resolve it: its Hugging Face repo id wh
 loader knew one (Model.hf_repo: config.json's `_name_or_path`, a GGUF file's source metadata or the
 packaged model's), else the name given; and `torch_dtype` is the dtype the tensors are stored in.
 
-Tensors are in torch [out, in] layout with the names drafters/head_formats.py reads (the same
+Tensors are in torch [out, in] layout with the names drafters/formats/published.py reads (the same
 table, the other way round). Only a head whose network *is* the published one is written:
 HeadOptions and the layer config must match it. Anything else (specjax's own EAGLE head, its
 multi-layer head with a `reduce` matrix) computes another function, so relabelling its weights
@@ -39,7 +39,7 @@ from safetensors.numpy import save_file
 
 from specjax.drafters.base import Drafter
 from specjax.drafters.eagle import Eagle
-from specjax.drafters.head_files import WEIGHT_FILES
+from specjax.drafters.formats.files import WEIGHT_FILES
 from specjax.drafters.medusa import Medusa
 from specjax.io.hf_config import _ARCHITECTURE_OF
 from specjax.io.hf_weights import _merge_heads_in, _merge_heads_out, _mlp_to_hf

@@ -5,8 +5,8 @@ for) and `model.safetensors` (the head's own weights only: the target's embeddin
 head are read from the target at run time, never stored twice).
 
 `load_head` also reads the heads others publish (EAGLE-1/2, EAGLE-3, Medusa-1/2,
-speculators): drafters/head_formats.py; `save_drafter(..., format=...)` writes them:
-drafters/head_writers.py.
+speculators): drafters/formats/published.py; `save_drafter(..., format=...)` writes them:
+drafters/formats/writers.py.
 
 A head reads one target's hidden states, so `load_head` refuses another target: one of
 other shapes always (the head cannot even run), and one of the same shapes but another
@@ -29,9 +29,9 @@ from safetensors.numpy import load_file, save_file
 from specjax.drafters.base import Drafter
 from specjax.drafters.block_head import BlockHead
 from specjax.drafters.eagle import Eagle
-from specjax.drafters.head_files import WEIGHT_FILES
-from specjax.drafters.head_formats import load_published
-from specjax.drafters.head_writers import write_published
+from specjax.drafters.formats.files import WEIGHT_FILES
+from specjax.drafters.formats.published import load_published
+from specjax.drafters.formats.writers import write_published
 from specjax.drafters.medusa import Medusa
 from specjax.io.embedded import embedded_path
 from specjax.io.model import Model
@@ -41,7 +41,7 @@ from specjax.models.heads import SPECJAX_HEAD, HeadOptions, head_config
 FORMAT = "specjax-drafter-1"
 _CONFIG = "drafter.json"
 _TRANSFER = "allow_transfer=True"
-# What a published head's layer sets itself (head_formats._drafter_config), kept in drafter.json.
+# What a published head's layer sets itself (published._drafter_config), kept in drafter.json.
 _LAYER_FIELDS = ("head_dim", "rope_theta", "rope_scaling", "rms_norm_eps", "attention_bias", "o_proj_bias", "mlp_bias")
 
 
@@ -210,7 +210,7 @@ def save_drafter(
     load_head can refuse another), or only its ModelConfig (the config is).
     format: "specjax" (drafter.json + model.safetensors, the default), or a published layout
     that vLLM, SGLang and the reference code read: "eagle" (EAGLE-1/2), "eagle3", "speculators"
-    or "medusa" (drafters/head_writers.py). A head whose network is not the published one is a
+    or "medusa" (drafters/formats/writers.py). A head whose network is not the published one is a
     ValueError naming the differences; "eagle" also needs the target Model (its files carry the
     target's embedding). Published files hold no fingerprint: target_name is their only record.
     """
@@ -276,9 +276,9 @@ def load_head(
     """A head saved by `save_drafter` (a directory, or the name of an embedded head such as
     stdlib-medusa), checked against `target` (a Model or ModelConfig) if given; or a
     published head (EAGLE-1/2, EAGLE-3, Medusa-1/2, speculators: a directory without
-    drafter.json), read against `target`, which it then needs (drafters/head_formats.py).
+    drafter.json), read against `target`, which it then needs (drafters/formats/published.py).
     For EAGLE-3 heads, `aux_layers` (specjax block indices) or `aux_convention` ("vllm", the
-    default, or "sglang") say which target layers it reads (head_formats' docstring).
+    default, or "sglang") say which target layers it reads (formats/published.py's docstring).
 
     A ValueError naming both sides refuses a target whose shapes the head cannot read
     (hidden size, vocabulary, head dim, the blocks of multi-layer features), and one that

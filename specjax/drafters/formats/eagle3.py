@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.drafters.head_files import HeadTensors
+from specjax.drafters.formats.files import HeadTensors
 from specjax.io.hf_weights import _mlp_from_hf, _split_heads_in, _split_heads_out
 from specjax.models import ModelConfig
 
