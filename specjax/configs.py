@@ -63,6 +63,12 @@ def from_dict(cls: type[T], data: dict, where: str = "") -> T:
     if unknown:
         prefix = f"{where}." if where else ""
         raise ValueError(f"unknown config key {prefix}{unknown[0]}; valid keys here: {', '.join(sorted(fields))}")
+    required = [
+        f.name for f in dataclasses.fields(cls) if f.init and f.default is f.default_factory is dataclasses.MISSING
+    ]
+    missing = [name for name in required if name not in data]  # e.g. a config's dataset: with no path
+    if missing:
+        raise ValueError(f"missing config key {where + '.' if where else ''}{missing[0]} (no default)")
     values = {name: _coerce(value, hints[name], f"{where}.{name}" if where else name) for name, value in data.items()}
     return cls(**values)
 

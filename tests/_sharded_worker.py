@@ -120,6 +120,7 @@ def run_meshes() -> None:
         assert spec.tokens == ref_spec.tokens, (shape, spec.tokens, ref_spec.tokens)
         assert spec.stats.acceptance_rate == ref_spec.stats.acceptance_rate
 
+        prepared.run(), spec_prepared.run()  # generate's programs (prefill, chunks of rounds), not launch's
         before = compiled_programs()
         again = specjax.generate(st, PROMPTS, CONFIG).tokens
         again_spec = specjax.generate(st, PROMPTS, CONFIG, draft=sd, speculative=SPEC)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import RAGGED_PROMPTS, TARGET_CONFIG, kill_after_checkpoint, scaled_model
 from specjax.models import full_forward
-from specjax.models.heads import head_config, init_eagle_params, init_medusa_params
+from specjax.models.heads import head_config, init_eagle_params, init_medusa_params, medusa_hidden, target_logits
 
 import specjax
 from specjax.bench.distribution import chi_square_p_value
@@ -22,7 +23,7 @@ from specjax.core.sampling import SamplingConfig, probabilities
 from specjax.drafters import Eagle, Medusa
 from specjax.io.tokenizer import ByteTokenizer
 from specjax.training.data import training_batch
-from specjax.training.train_heads import HeadTrainConfig, eagle_loss, medusa_loss, train_head
+from specjax.training.train_heads import EagleHeadConfig, HeadTrainConfig, eagle_loss, medusa_loss, train_head
 from specjax.trees import Tree, tree_no_residual_rule
 
 
@@ -237,10 +238,15 @@ def test_training_lowers_the_loss_of_every_head(target_dir, tmp_path):
 
 
 def test_eagle_training_lowers_its_losses(target_dir, tmp_path):
-    config = _config(target_dir, "kind=eagle", "eagle.intermediate_size=32", "steps=30", "eval.every=30")
+    # Heads 0: the target's (BYTES has the defaults' 2 and 1, so the network is the same).
+    sizes = ("eagle.num_attention_heads=0", "eagle.num_key_value_heads=0", "eagle.intermediate_size=32")
+    config = _config(target_dir, "kind=eagle", *sizes, "steps=30", "eval.every=30")
     results = train_head(config, tmp_path / "run", progress=False)
     target = specjax.load_model(target_dir)
     head = specjax.load_drafter(results["head"], target)
+    want = {"hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 32}
+    assert results["eagle_layer"] == want
+    assert {name: getattr(head.config, name) for name in want} == want
     tokens = jnp.asarray(training_batch(config.data, config.seed, 0))
     initial = init_eagle_params(head.config, target.params, config.seed)
     _, before = eagle_loss(head.config, target.config, target.params, initial, tokens, (1.0, 0.1))
@@ -286,3 +292,66 @@ def test_embedded_heads_decode_exactly_and_are_accepted(name):
         out = specjax.generate(target, prompts, config, draft=head, speculative=speculative)
         assert out.tokens == plain.tokens
         assert out.stats.mean_acceptance_length > 1.8
+
+
+def _dense_medusa_loss(config, target_params, head_params, tokens, mask=None):
+    """Medusa's loss as first written: every head's [B, T, H, V] logits at once."""
+    logits, features = full_forward(config, target_params, tokens, features=True)
+    b, t, d = features.shape
+    num_heads = head_params["w"].shape[0]
+    hidden = medusa_hidden(head_params, features.reshape(b * t, d)).reshape(b, t, num_heads, d)
+    head_logits = target_logits(config, target_params, hidden)  # [B, T, H, V]
+    losses = []
+    for k in range(1, num_heads + 1):
+        teacher = jax.nn.log_softmax(logits[:, k:], axis=-1)
+        student = jax.nn.log_softmax(head_logits[:, : t - k, k - 1], axis=-1)
+        kl = jnp.sum(jnp.exp(teacher) * (teacher - student), axis=-1)  # [B, T-k]
+        weights = jnp.ones_like(kl) if mask is None else mask[:, k:]
+        losses.append(jnp.sum(kl * weights) / jnp.maximum(jnp.sum(weights), 1.0))
+    return jnp.mean(jnp.stack(losses)), jnp.stack(losses)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_medusa_loss_one_head_at_a_time_equals_the_dense_formula(target, masked, blocks):
+    """The scanned, rematerialised loss (one head's logits alive at a time) has the dense
+    formula's value, per-head parts and gradient, for a mask or none and for heads of one
+    or several residual blocks."""
+    d, num_heads = TARGET_CONFIG.hidden_size, 4
+    keys = jax.random.split(jax.random.key(3), 3)
+    shape = (num_heads, d, d) if blocks == 1 else (num_heads, blocks, d, d)
+    head_params = {
+        "w": jax.random.normal(keys[0], shape) / np.sqrt(d),
+        "b": 0.1 * jax.random.normal(keys[1], shape[:-1]),
+    }
+    tokens = jax.random.randint(keys[2], (3, 12), 0, TARGET_CONFIG.vocab_size)
+    mask = None
+    if masked:  # a loss mask over predicted positions, as a dataset's
+        mask = (jax.random.uniform(jax.random.key(4), tokens.shape) < 0.6).astype(jnp.float32)
+    args = (TARGET_CONFIG, target.params)
+    (loss, parts), grads = jax.value_and_grad(lambda p: medusa_loss(*args, p, tokens, mask), has_aux=True)(head_params)
+    (want, want_parts), want_grads = jax.value_and_grad(
+        lambda p: _dense_medusa_loss(*args, p, tokens, mask), has_aux=True
+    )(head_params)
+    assert parts.shape == (num_heads,) and float(want) > 1e-3  # heads that differ from the target
+    np.testing.assert_allclose(float(loss), float(want), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(parts), np.asarray(want_parts), rtol=1e-6, atol=1e-6)
+    for name in ("w", "b"):
+        np.testing.assert_allclose(np.asarray(grads[name]), np.asarray(want_grads[name]), rtol=1e-5, atol=1e-6)
+
+
+def test_eagle_head_sizes_of_zero_are_the_targets():
+    """0 = the target's own (as distill's draft_config), so configs/eagle3_any_target.yaml
+    sizes its head for any target; explicit sizes stay, negative ones are refused."""
+    path = Path(__file__).resolve().parents[1] / "configs" / "eagle3_any_target.yaml"
+    config = load_config(HeadTrainConfig, path, ["dataset.path=chats.jsonl"])
+    layer = config.eagle.layer(TARGET_CONFIG)
+    for name in ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size"):
+        assert getattr(layer, name) == getattr(TARGET_CONFIG, name), name
+    assert layer.num_hidden_layers == 1 and config.eagle.eagle3.enabled and not config.eagle.feature_layers
+    mixed = EagleHeadConfig(num_attention_heads=0, num_key_value_heads=0, intermediate_size=24).layer(TARGET_CONFIG)
+    assert (mixed.num_attention_heads, mixed.intermediate_size) == (TARGET_CONFIG.num_attention_heads, 24)
+    with pytest.raises(ValueError, match="0: the target's"):
+        EagleHeadConfig(intermediate_size=-1)
+    with pytest.raises(ValueError, match=r"missing config key dataset\.path"):  # no --data: one line, exit 2
+        load_config(HeadTrainConfig, path)

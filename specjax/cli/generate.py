@@ -113,9 +113,10 @@ def add_generate(subparsers) -> argparse.ArgumentParser:
         "--speedup",
         action="store_true",
         help="also decode the same prompts plainly (the target alone, same settings) and report the speedup: "
-        "plain decode time / speculative decode time, compilation excluded on both sides, with both tokens/s. "
-        "At temperature 0 the two outputs are also checked to be equal token for token (sampled outputs are "
-        "not compared: they follow the same distribution but draw other tokens)",
+        "plain decode time / speculative decode time, compilation excluded on both sides, with both tokens/s "
+        "(each side decodes once untimed, then 3 times round-robin: medians). At temperature 0 the two outputs "
+        "are also checked to be equal token for token (sampled outputs are not compared: they follow the same "
+        "distribution but draw other tokens)",
     )
     p.add_argument(
         "--json",
@@ -217,7 +218,7 @@ def settings(args, draft, tree) -> dict:
 def generate_command(args) -> int:
     from specjax.api import prepare
     from specjax.cli.summary import print_summary
-    from specjax.cli.timed_run import speedup_record, timed_run
+    from specjax.cli.timed_run import SPEEDUP_REPEATS, speedup_record, timed_runs
     from specjax.config import GenerationConfig, SpeculativeConfig
     from specjax.core.loop import CacheConfig
     from specjax.io.presets import resolve_model
@@ -252,12 +253,13 @@ def generate_command(args) -> int:
 
     # Compilation is timed apart from decoding (cli/timed_run.py), and so is --speedup's plain run.
     spec = None if draft is None else speculative
-    timed = timed_run(lambda: prepare(target, prompts, config, draft=draft, speculative=spec), args.warmup)
-    out = timed.output
-    comparison = None
+    calls = {"speculative": lambda: prepare(target, prompts, config, draft=draft, speculative=spec)}
     if args.speedup:
-        plain = timed_run(lambda: prepare(target, prompts, config), args.warmup)
-        comparison = speedup_record(timed, plain, args.temperature)
+        calls["plain"] = lambda: prepare(target, prompts, config)
+    runs = timed_runs(calls, warmup=args.warmup or args.speedup, repeats=SPEEDUP_REPEATS if args.speedup else 1)
+    timed = runs["speculative"]
+    out = timed.output
+    comparison = speedup_record(timed, runs["plain"], args.temperature) if args.speedup else None
     outputs = out.text if out.text is not None else [tokenizer.decode(t, skip_special_tokens=True) for t in out.tokens]
     measuring = _measuring_seconds(out.stats)
     timing = {
@@ -266,7 +268,7 @@ def generate_command(args) -> int:
         "seconds": timed.prepare_seconds + timed.compile_seconds + timed.decode_seconds,
         "generate_seconds": timed.decode_seconds,  # the name before compile_seconds was apart
         "includes_compile": False,
-        "warmup": args.warmup,
+        "warmup": timed.warmup,
         "backend": jax.default_backend(),
         "mesh": args.mesh,
     }

@@ -58,7 +58,9 @@ def print_summary(args, s, tree, timing: dict, comparison: dict | None = None) -
 
 def timing_line(timing: dict) -> str:
     """Decode time and tokens/s (prefill and rounds, compilation excluded), then what else took time."""
-    warm = " after a warm-up decode" if timing.get("warmup") else ""
+    repeats = len(timing.get("decode_repeats") or ())
+    notes = ([f"median of {repeats}"] if repeats > 1 else []) + (["after a warm-up decode"] if timing["warmup"] else [])
+    warm = f" ({', '.join(notes)})" if notes else ""
     measured = timing["cost_measurement_seconds"]
     measuring = f", {measured:.1f} s measuring round costs" if measured else ""
     return (

@@ -3,19 +3,24 @@
 A first run compiles, and compiling a speculative loop takes longer than a plain one, so
 tokens/s over a first call makes speculation look slower than it is. Here every phase is
 timed on its own: preparing (checks, planning, adaptive K's cost measurement), compiling
-ahead of time (`PreparedGeneration.compile`, which runs nothing but one prefill), and
-decoding (prefill and rounds, what tokens/s is over). --speedup times plain decoding of the
-same prompts the same way and divides the decode times; compilation is excluded on both
-sides.
+(`PreparedGeneration.compile`, which runs one prefill and two rounds besides), and decoding
+(prefill and rounds, what tokens/s is over). --speedup times plain decoding of the same
+prompts the same way and divides the decode times, compilation excluded on both sides;
+as one decode of a short generation is at the mercy of the machine's other work, each side
+then decodes once untimed and SPEEDUP_REPEATS times timed, round-robin, and the medians
+are compared.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from collections.abc import Callable
 
 from specjax.engine.output import GenerationOutput, PreparedGeneration
+
+SPEEDUP_REPEATS = 3  # timed decodes per side for --speedup (median), after one untimed each
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,9 +29,10 @@ class TimedRun:
 
     output: GenerationOutput
     prepare_seconds: float  # checks and planning, adaptive K's round-cost measurement included
-    compile_seconds: float  # ahead-of-time compilation (and one prefill, to compile for its output)
-    decode_seconds: float  # prefill and every round, compilation excluded
-    warmup: bool  # whether one untimed decode ran before the timed one
+    compile_seconds: float  # compilation (and one prefill and two rounds, to compile for their outputs)
+    decode_seconds: float  # prefill and every round, compilation excluded (the median of decode_repeats)
+    decode_repeats: tuple[float, ...]  # each timed decode's seconds
+    warmup: bool  # whether one untimed decode ran before the timed ones
 
     @property
     def tokens_per_second(self) -> float:
@@ -37,29 +43,43 @@ class TimedRun:
             "prepare_seconds": self.prepare_seconds,
             "compile_seconds": self.compile_seconds,
             "decode_seconds": self.decode_seconds,
+            "decode_repeats": list(self.decode_repeats),
             "tokens_per_second": self.tokens_per_second,
         }
 
 
-def timed_run(prepare: Callable[[], PreparedGeneration], warmup: bool = False) -> TimedRun:
-    """Prepare, compile and decode, each timed apart. `warmup`: decode once, untimed, first."""
-    began = time.perf_counter()
-    prepared = prepare()
-    planned = time.perf_counter()
-    prepared.compile()
-    compiled = time.perf_counter()
+def timed_runs(prepares: dict[str, Callable[[], PreparedGeneration]], warmup: bool = False, repeats: int = 1):
+    """Prepare and compile each call, timed apart; with `warmup` decode each once, untimed;
+    then decode each `repeats` times, round-robin so that a noisy neighbour slows all alike.
+    Returns {name: TimedRun}, decode_seconds the median of the repeats."""
+    prepared, phases = {}, {}
+    for name, prepare in prepares.items():
+        began = time.perf_counter()
+        prepared[name] = prepare()
+        planned = time.perf_counter()
+        prepared[name].compile()
+        phases[name] = (planned - began, time.perf_counter() - planned)
     if warmup:
-        prepared.decode()
-    start = time.perf_counter()
-    state = prepared.decode()  # waits for the last chunk
-    decoded = time.perf_counter()
-    return TimedRun(
-        output=prepared.collect(state),
-        prepare_seconds=planned - began,
-        compile_seconds=compiled - planned,
-        decode_seconds=decoded - start,
-        warmup=warmup,
-    )
+        for call in prepared.values():
+            call.decode()
+    seconds: dict[str, list[float]] = {name: [] for name in prepared}
+    states = {}
+    for _ in range(repeats):
+        for name, call in prepared.items():
+            start = time.perf_counter()
+            states[name] = call.decode()  # waits for the last chunk
+            seconds[name].append(time.perf_counter() - start)
+    return {
+        name: TimedRun(
+            output=call.collect(states[name]),
+            prepare_seconds=phases[name][0],
+            compile_seconds=phases[name][1],
+            decode_seconds=statistics.median(seconds[name]),
+            decode_repeats=tuple(seconds[name]),
+            warmup=warmup,
+        )
+        for name, call in prepared.items()
+    }
 
 
 def first_difference(a: list[list[int]], b: list[list[int]]) -> tuple[int, int] | None:

@@ -10,6 +10,8 @@ eagle.py          an EAGLE-style head: one layer extrapolating the target's feat
 block_head.py     a DFlash-style block head: K proposals from one non-causal pass over target states
 formats/          head files: specjax's own (`save_drafter`, `load_head`, checked against their target)
                   and the layouts others publish (EAGLE, EAGLE-3, Medusa, speculators), read and written
+proposing.py      from distributions to proposals: draw, chains, one-pass blocks, tree expansion
+common.py         protocol pieces several drafters share (weights, catch-up, block proposals, checks)
 convert.py        `as_drafter`: a Model wherever a drafter is taken
 registry.py       every kind by name: `make_drafter` builds the one a SpeculativeConfig names
                   (the API, the CLI's --drafter and bench configs all give one)

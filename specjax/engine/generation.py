@@ -128,30 +128,51 @@ def run_rounds(target_params, draft_weights, state: LoopState, budget):
 jit_rounds = jax.jit(run_rounds, donate_argnums=2)
 
 
-def next_chunk(rounds: int, seconds: float, target: float = CHUNK_SECONDS) -> int:
-    """Rounds for the next chunk, from the last chunk's rounds and wall time: scaled toward
-    `target` seconds, growing at most _MAX_GROWTH-fold (the first chunk also holds the
-    prefill, and round times vary), never below 1."""
+def next_chunk(rounds: int, seconds: float, current: int = 1, target: float = CHUNK_SECONDS) -> int:
+    """Rounds for the next chunk, from a finished chunk's rounds and wall time: scaled toward
+    `target` seconds, growing at most _MAX_GROWTH-fold past that chunk and the `current`
+    budget (the first chunk also holds the prefill, and round times vary), never below 1."""
     scaled = int(rounds * target / max(seconds, 1e-6))
-    return max(1, min(scaled, rounds * _MAX_GROWTH, 2**30))  # 2**30: the budget is an int32
+    return max(1, min(scaled, max(rounds, current) * _MAX_GROWTH, 2**30))  # 2**30: the budget is an int32
 
 
-def decode_in_chunks(start: Callable[[], LoopState], rounds: Callable, chunk_rounds: int | None = None) -> LoopState:
+def decode_in_chunks(
+    start: Callable[[], LoopState], rounds: Callable, chunk_rounds: int | None = None, pace: dict | None = None
+) -> LoopState:
     """Prefill (`start()`), then `rounds(state, budget) -> (state, all_done)` until every row
-    is done. Each chunk runs `chunk_rounds` rounds, or (None) as many as take about
-    CHUNK_SECONDS. A KeyboardInterrupt surfaces between chunks: Python runs its signal
-    handlers only once the wait for a chunk returns."""
+    is done; returns the final state, computed. Each chunk runs `chunk_rounds` rounds, or
+    (None) as many as take about CHUNK_SECONDS.
+
+    `pace["round_seconds"]`, when known (an earlier decode or the compile step timed one),
+    sizes the first chunk; without it chunks start at one round and grow. Each chunk's
+    timing updates it. Every chunk is a host round trip and costs about a round (XLA:CPU,
+    the embedded pair), so fewer, longer chunks are cheaper, up to the interrupt latency.
+
+    A KeyboardInterrupt surfaces while the host waits for a chunk, and what is then still
+    in flight (and would hold the device, and the process's exit, until it ends) is that
+    chunk and the one queued behind it: the next chunk is dispatched before waiting on this
+    one's all_done flag, so that the device never idles for a host round trip.
+    """
     if chunk_rounds is not None and chunk_rounds < 1:
         raise ValueError(f"chunk_rounds must be >= 1, got {chunk_rounds}")
-    state = start()
-    budget = chunk_rounds or 1  # timed: the first chunk finds the round time (and absorbs the prefill)
+    pace = {} if pace is None else pace
+    known = pace.get("round_seconds")
+    budget = chunk_rounds or (1 if known is None else next_chunk(1, known, _MAX_GROWTH**3))
+    first = budget  # the first chunk holds the prefill too: its time is not a round's
+    pending = rounds(start(), jnp.int32(budget))
+    waited_on, last = budget, time.perf_counter()  # the rounds of the chunk waited on next
     while True:
-        began = time.perf_counter()
-        state, finished = rounds(state, jnp.int32(budget))
-        if bool(finished):  # waits for the chunk
-            return state
+        state, finished = pending
+        pending = rounds(state, jnp.int32(budget))  # queued; no rounds left to run once all are done
+        queued = budget
+        if bool(finished):  # waits for the earlier chunk
+            return jax.block_until_ready(pending[0])
+        now = time.perf_counter()
         if chunk_rounds is None:
-            budget = next_chunk(budget, time.perf_counter() - began)
+            budget = next_chunk(waited_on, now - last, budget)  # it ran from the earlier chunk's end to now
+            if waited_on != first or known is None:
+                pace["round_seconds"] = (now - last) / waited_on
+        waited_on, last, first = queued, now, None
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "cache_length"))
@@ -219,10 +240,12 @@ def prepared_generation(
         args = (target.params, weights, prompt, prompt_lengths, jnp.int32(n), eos, rng)
         return args, dict(plan=plan, cache_length=batch.cache_length, done=done, costs=costs)
 
+    pace: dict = {}  # {"round_seconds": ...} once timed: sizes the next decode's first chunk
+
     def decode(n: int, chunk_rounds: int | None = None) -> LoopState:
         args, kwargs = start_args(n)
         rounds = functools.partial(jit_rounds, target.params, weights)
-        return decode_in_chunks(lambda: jit_init_state(*args, **kwargs), rounds, chunk_rounds)
+        return decode_in_chunks(lambda: jit_init_state(*args, **kwargs), rounds, chunk_rounds, pace)
 
     def compile_programs() -> None:
         # Compile by calling: jit's cache keeps the executables, so `decode` then compiles
@@ -230,12 +253,15 @@ def prepared_generation(
         # its first execution (a tiny model's first decode took 6x its next), and on a mesh
         # a round may leave a counter sharded that the prefill left replicated, so the
         # second chunk presents other shardings and needs a program of its own. One prefill
-        # and two rounds run, on a state that is then dropped.
+        # and two rounds run, on a state that is then dropped; the second round's time
+        # sizes the first chunk of the next decode (an overestimate, if anything: safe).
         args, kwargs = start_args(max_new_tokens)
-        state = jit_init_state(*args, **kwargs)
-        for _ in range(2):
-            state, finished = jit_rounds(target.params, weights, state, jnp.int32(1))
-        jax.block_until_ready(finished)
+        state, _ = jit_rounds(target.params, weights, jit_init_state(*args, **kwargs), jnp.int32(1))
+        jax.block_until_ready(state)
+        began = time.perf_counter()
+        state, finished = jit_rounds(target.params, weights, state, jnp.int32(1))
+        if not bool(finished):  # a round ran: its time is a round's
+            pace.setdefault("round_seconds", time.perf_counter() - began)
 
     return PreparedGeneration(
         max_new_tokens=max_new_tokens,

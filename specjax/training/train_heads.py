@@ -76,9 +76,16 @@ KINDS = ("medusa", "eagle", "block")
 _optimizer = functools.lru_cache(maxsize=8)(make_optimizer)
 
 
+_LAYER_SIZES = ("num_attention_heads", "num_key_value_heads", "intermediate_size")  # head_config's order
+
+
 @dataclasses.dataclass(frozen=True)
 class EagleHeadConfig:
-    """The EAGLE head's one decoder layer (its width is the target's) and its loss weights."""
+    """The EAGLE head's one decoder layer (its width is the target's) and its loss weights.
+
+    num_attention_heads, num_key_value_heads, intermediate_size: 0 keeps the target's value
+    (as distill's draft_config), so one config sizes the head for any target; the defaults
+    are sized for the embedded 5M target."""
 
     num_attention_heads: int = 2
     num_key_value_heads: int = 1
@@ -92,6 +99,16 @@ class EagleHeadConfig:
     # (training/eagle3_objective.py); feature_layers then default to the published (HF 2, L//2,
     # L-3), and feature_weight / token_weight above are not used (eagle3 has its own).
     eagle3: Eagle3Config = dataclasses.field(default_factory=Eagle3Config)
+
+    def __post_init__(self):
+        sizes = {name: getattr(self, name) for name in _LAYER_SIZES}
+        if min(sizes.values()) < 0:
+            raise ValueError(f"eagle head sizes must be >= 0 (0: the target's): {sizes}")
+
+    def layer(self, target: ModelConfig) -> ModelConfig:
+        """The head's one-layer config for `target`, a size of 0 taken from the target."""
+        sizes = [getattr(self, name) or getattr(target, name) for name in _LAYER_SIZES]
+        return head_config(target, *sizes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,27 +173,44 @@ def _mean(values, weights):
 
 
 def medusa_loss(target_config: ModelConfig, target_params, head_params, tokens, mask=None):
-    """Mean over heads and positions of KL(target p at t + k || head k at t): tokens [B, T].
+    """Mean over heads and positions of KL(target p at t + k || head k at t): tokens [B, T]
+    -> (loss, per-head losses [H]).
 
     KL is the soft cross-entropy minus the target's entropy, so 0 means a perfect head.
     mask [B, T] over predicted positions (mask[:, q]: the token at q + 1 is a target), or
     None for every position; head k at t predicts the token at t + 1 + k, so it weighs
     mask[:, t + k].
+
+    One head's [B, T, V] logits are alive at a time: a scan over the heads whose body is
+    rematerialised (jax.checkpoint), so the backward pass recomputes each head's logits
+    rather than keeping all H of them (every head's at once was 17.6 GB on SmolLM2's 49,152
+    tokens at the default 16 x 256 batch). Same value and gradient as the per-head formula
+    (tests/test_heads.py compares them).
     """
     logits, features = full_forward(target_config, target_params, tokens, features=True)
-    logits, features = jax.lax.stop_gradient(logits), jax.lax.stop_gradient(features)
+    teacher = jax.lax.stop_gradient(jax.nn.log_softmax(logits, axis=-1))  # [B, T, V]
+    features = jax.lax.stop_gradient(features)  # [B, T, D]
     b, t, d = features.shape
+    weights = jnp.ones((b, t), jnp.float32) if mask is None else mask.astype(jnp.float32)  # [B, T]
+    positions = jnp.arange(t)
+
+    @jax.checkpoint
+    def one_head(carry, head):
+        w, bias, k = head  # w [D, D] (or [L, D, D]), bias [D] (or [L, D]), k the head's offset
+        # Head k at t guesses the token at t + 1 + k, whose target distribution is teacher[t + k]:
+        # shifting its inputs right by k puts that guess at s = t + k. The first k positions
+        # wrap around and weigh 0.
+        shifted = jnp.roll(features, k, axis=1).reshape(b * t, d)
+        hidden = medusa_hidden({"w": w[None], "b": bias[None]}, shifted)[:, 0].reshape(b, t, d)
+        student = jax.nn.log_softmax(target_logits(target_config, target_params, hidden), axis=-1)  # [B, T, V]
+        kl = jnp.sum(jnp.exp(teacher) * (teacher - student), axis=-1)  # [B, T]
+        valid = weights * (positions >= k)
+        return carry, jnp.sum(kl * valid) / jnp.maximum(jnp.sum(valid), 1.0)
+
     num_heads = head_params["w"].shape[0]
-    hidden = medusa_hidden(head_params, features.reshape(b * t, d)).reshape(b, t, num_heads, d)
-    head_logits = target_logits(target_config, target_params, hidden)  # [B, T, H, V]
-    losses = []
-    for k in range(1, num_heads + 1):
-        # Head k at t guesses the token at t + 1 + k, whose target distribution is logits[t + k].
-        teacher = jax.nn.log_softmax(logits[:, k:], axis=-1)  # [B, T-k, V]
-        student = jax.nn.log_softmax(head_logits[:, : t - k, k - 1], axis=-1)
-        kl = jnp.sum(jnp.exp(teacher) * (teacher - student), axis=-1)  # [B, T-k]
-        losses.append(_mean(kl, None if mask is None else mask[:, k:]))
-    return jnp.mean(jnp.stack(losses)), jnp.stack(losses)
+    heads = (head_params["w"], head_params["b"], jnp.arange(1, num_heads + 1))
+    _, losses = jax.lax.scan(one_head, None, heads)  # [H]
+    return jnp.mean(losses), losses
 
 
 def eagle_loss(
@@ -244,7 +278,7 @@ def _kind(config: HeadTrainConfig, target: Model, out_dir: Path) -> _Kind:
     e = config.eagle
     if e.eagle3.enabled:
         return _eagle3_kind(config, target, out_dir)
-    layer = head_config(target.config, e.num_attention_heads, e.num_key_value_heads, e.intermediate_size)
+    layer = e.layer(target.config)
     # Checked before any training: a bad index is a ValueError naming it.
     layers = feature_layers(e.feature_layers, target.config.num_hidden_layers) if e.feature_layers else ()
     weights = (e.feature_weight, e.token_weight)
@@ -260,7 +294,7 @@ def _eagle3_kind(config: HeadTrainConfig, target: Model, out_dir: Path) -> _Kind
     """The published EAGLE-3 network (training/eagle3_objective.py): the drafter is the one a
     loaded published head is (same HeadOptions), with the run's draft vocabulary's d2t."""
     e, s, target_config = config.eagle, config.eagle.eagle3, target.config
-    layer = head_config(target_config, e.num_attention_heads, e.num_key_value_heads, e.intermediate_size)
+    layer = e.layer(target_config)
     num = target_config.num_hidden_layers
     layers = feature_layers(e.feature_layers, num) if e.feature_layers else eagle3_layers({}, num)
     v = target_config.vocab_size
@@ -375,6 +409,8 @@ def train_head(config: HeadTrainConfig, out_dir: str | Path, progress: bool = Tr
         "kind": config.kind,
         "steps": config.steps,
         **_shape_summary(config),
+        # The sizes the head got (a 0 in the config is the target's): what the saved head has.
+        **({"eagle_layer": _layer_sizes(config.eagle.layer(target.config))} if config.kind == "eagle" else {}),
         "head_parameters": int(sum(x.size for x in jax.tree.leaves(params))),
         "mean_acceptance_length_before": rows[0]["mean_acceptance_length_greedy"],
         "mean_acceptance_length_after": final["mean_acceptance_length_greedy"],
@@ -391,6 +427,10 @@ def _shape_summary(config: HeadTrainConfig) -> dict:
     if config.kind == "medusa":
         return {"num_heads": config.num_heads}
     return {config.kind: dataclasses.asdict(getattr(config, config.kind))}
+
+
+def _layer_sizes(layer: ModelConfig) -> dict:
+    return {name: getattr(layer, name) for name in ("hidden_size", *_LAYER_SIZES)}
 
 
 def _vocab_summary(out_dir: Path) -> dict:
