@@ -21,15 +21,21 @@ from specjax.engine.generation import next_chunk
 PROMPTS = [[1, 2, 3, 4, 5], [7, 3], [9, 9, 9, 2, 4, 6, 8]]
 
 
+# Adaptive K carries the most state from round to round (its estimates, its own RNG stream,
+# a record per round); fixed costs keep its choices off any clock.
+ADAPTIVE = specjax.AdaptiveConfig(costs={0: 1.0, 1: 1.3, 2: 1.5, 4: 2.0})
+
+
 @pytest.mark.parametrize(
-    ("temperature", "drafted"),
-    [(0.0, True), (1.0, True)],
-    ids=["greedy", "sampled"],
+    ("temperature", "adaptive"),
+    [(0.0, False), (1.0, False), (1.0, True)],
+    ids=["greedy", "sampled", "sampled-adaptive"],
 )
-def test_chunked_equals_one_program(target, noisy_draft, temperature, drafted):
+def test_chunked_equals_one_program(target, noisy_draft, temperature, adaptive):
     config = specjax.GenerationConfig.at_temperature(temperature, max_new_tokens=24, seed=5, eos_token_id=None)
-    speculative = specjax.SpeculativeConfig(num_speculative_tokens=3) if drafted else None
-    prepared = specjax.prepare(target, PROMPTS, config, draft=noisy_draft if drafted else None, speculative=speculative)
+    k = 4 if adaptive else 3
+    speculative = specjax.SpeculativeConfig(num_speculative_tokens=k, adaptive=ADAPTIVE if adaptive else False)
+    prepared = specjax.prepare(target, PROMPTS, config, draft=noisy_draft, speculative=speculative)
     whole = prepared.collect(prepared.launch())  # today's single call: prefill and every round in one program
     assert whole.stats.rounds > 3 * len(PROMPTS)  # so a chunk of 1 or 3 rounds really splits the loop
     for chunk_rounds in (1, 3, None):  # None: chunks sized by time, as run() does
