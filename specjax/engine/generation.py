@@ -243,6 +243,10 @@ def prepared_generation(
     pace: dict = {}  # {"round_seconds": ...} once timed: sizes the next decode's first chunk
 
     def decode(n: int, chunk_rounds: int | None = None) -> LoopState:
+        if chunk_rounds is None and jax.process_count() > 1:
+            # Every process must run the same programs in the same order, and chunks sized by
+            # each process's own clock would differ (and hang the collectives): one program.
+            return launch(n)
         args, kwargs = start_args(n)
         rounds = functools.partial(jit_rounds, target.params, weights)
         return decode_in_chunks(lambda: jit_init_state(*args, **kwargs), rounds, chunk_rounds, pace)
