@@ -256,7 +256,7 @@ class SpeculativeConfig:
 
     def describe(self) -> str:
         """A short name for reports: the model's name, or the set fields as a mapping."""
-        arguments = {k: v for k, v in self.drafter_arguments().items()}
+        arguments = dict(self.drafter_arguments())
         if self.method is not None:
             arguments = {"method": self.method, **arguments}
         if list(arguments) == ["model"]:

@@ -167,12 +167,6 @@ def drafter_spec(args):
     return spec
 
 
-def build_drafter(args, target):
-    from specjax.api import load_drafter
-
-    return load_drafter(drafter_spec(args), target, seed=args.seed)  # the Model: a head checks its weights too
-
-
 def default_draft_for(target: str) -> str:
     """The draft model paired with `target` when neither --draft nor --drafter is given."""
     from specjax.io.embedded import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -216,7 +210,7 @@ def settings(args, draft, tree) -> dict:
 
 
 def generate_command(args) -> int:
-    from specjax.api import prepare
+    from specjax.api import load_drafter, prepare
     from specjax.cli.summary import print_summary
     from specjax.cli.timed_run import SPEEDUP_REPEATS, speedup_record, timed_runs
     from specjax.config import GenerationConfig, SpeculativeConfig
@@ -224,21 +218,28 @@ def generate_command(args) -> int:
     from specjax.io.presets import resolve_model
     from specjax.trees.tree import Tree
 
+    named = None if args.plain else drafter_spec(args)  # the --drafter spec, -k applied
     if args.num_speculative_tokens is None:  # -k not given: the --drafter mapping's K, else 4
-        args.num_speculative_tokens = 4 if args.plain else drafter_spec(args).num_speculative_tokens
+        args.num_speculative_tokens = 4 if named is None else named.num_speculative_tokens
     texts = read_prompts(args)
     target = resolve_model(args.target, seed=args.seed)
     tokenizer = target.tokenizer
     if tokenizer is None:
         raise ValueError(f"model {args.target!r} has no tokenizer, so it cannot take text prompts")
     prompts = encode_prompts(tokenizer, texts, args.chat)
-    eos = None if args.ignore_eos else args.eos_token_id or getattr(tokenizer, "eos_token_id", None)
     cache = CacheConfig(dtype=args.kv_cache_dtype, block_size=args.attention_block, prefill_chunk=args.prefill_chunk)
     config = GenerationConfig.at_temperature(
-        args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, max_new_tokens=args.max_new_tokens,
-        seed=args.seed, eos_token_id=eos, cache=cache,
-    )  # fmt: skip
-    draft = None if args.plain else build_drafter(args, target)
+        args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        eos_token_id=args.eos_token_id,
+        ignore_eos=args.ignore_eos,
+        cache=cache,
+    )  # fmt: skip  (eos_token_id None: the target's, as GenerationConfig resolves it)
+    draft = None if named is None else load_drafter(named, target, seed=args.seed)  # a head checks the target's weights
     tree = None if args.tree is None or args.plain else Tree.from_spec(args.tree)
     speculative = SpeculativeConfig(num_speculative_tokens=args.num_speculative_tokens, tree=tree,
                                     adaptive=_adaptive(args))  # fmt: skip
