@@ -94,8 +94,8 @@ _API = textwrap.dedent(
     prompts = [f"def f{{i}}(" for i in range({_ROWS})]
     speculative = specjax.SpeculativeConfig(num_speculative_tokens=8)
     prepared = specjax.prepare(target, prompts, config, draft=draft, speculative=speculative).compile()
-    print("decoding", file=sys.stderr, flush=True)
-    try:
+    try:  # the announcement inside: the signal may land while print() returns
+        print("decoding", file=sys.stderr, flush=True)
         prepared.run()
     except KeyboardInterrupt:  # caught, as a notebook or a caller's handler would
         print("interrupted", file=sys.stderr, flush=True)
