@@ -29,14 +29,13 @@ import json
 import random
 import re
 import sys
+import sysconfig
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from make_chat_prompts import MODULES, TASKS, _functions, _picked
 from make_training_prompts import bench_keys
-
-import sysconfig
 
 HERE = Path("configs/prompts/smollm2_train_v2")
 _SKIP = {"test", "idlelib", "lib2to3", "tkinter", "ensurepip", "turtledemo", "site-packages", "pydoc_data"}
@@ -163,7 +162,9 @@ def math_records(count: int, seed: int = 2026) -> list[dict]:
     rng = random.Random(seed)
     makers = [
         lambda a, b, c: f"A shop sells pens at {a} cents each. How much do {b} pens cost, in dollars and cents?",
-        lambda a, b, c: f"A train travels at {a} km/h for {b} hours and then at {c} km/h for 2 hours. How far does it go?",
+        lambda a, b, c: (
+            f"A train travels at {a} km/h for {b} hours and then at {c} km/h for 2 hours. How far does it go?"
+        ),
         lambda a, b, c: f"What is {a * 7} divided by 7, plus {b} times {c}? Show your steps.",
         lambda a, b, c: f"A rectangle is {a} cm long and {b} cm wide. What are its area and its perimeter?",
         lambda a, b, c: f"Anna has {a} apples. She gives {b} to each of {c} friends. How many are left, if any?",
@@ -200,7 +201,7 @@ def with_follow_ups(records: list[dict], share: int = 5) -> list[dict]:
 def build(args) -> tuple[list[dict], dict]:
     packages, versions = package_records()
     general = [q.strip() for q in args.questions.read_text().splitlines() if q.strip()]
-    docs = sorted(Path("docs").glob("*.md")) + [Path("README.md")]
+    docs = [*sorted(Path("docs").glob("*.md")), Path("README.md")]
     records = (
         stdlib_records(args.bench_per_category)
         + packages[: args.package_count]

@@ -23,6 +23,7 @@ import argparse
 import json
 import platform
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -76,9 +77,10 @@ def measure(max_rows: int, seed: int) -> dict:
 
 def cpu_name() -> str:
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return platform.processor() or "unknown"
@@ -90,7 +92,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="write the JSON here too")
     args = parser.parse_args()
-    flags = open("/proc/cpuinfo").read() if platform.system() == "Linux" else ""
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     record = {
         "command": " ".join(["python", *sys.argv]),
         "machine": {

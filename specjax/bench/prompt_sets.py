@@ -31,9 +31,7 @@ from pathlib import Path
 
 from specjax.configs import from_dict
 from specjax.training.data import held_out_prompts
-from specjax.training.dataset_records import BadRecord
-from specjax.training.dataset_records import _messages as chat_messages
-from specjax.training.dataset_records import _tools as chat_tools
+from specjax.training.dataset_records import BadRecord, chat_messages, chat_tools
 from specjax.training.datasets import render_chat
 
 CORPUS_COUNT = 8  # held-out prompts per corpus source when `count` is not given

@@ -111,7 +111,7 @@ def detect_format(path: str | Path) -> str:
     raise ValueError(f"{path}: no line holds a JSON object, so the format cannot be detected; set format")
 
 
-def _messages(obj: dict, fmt: str, answers_optional: bool = False) -> list[dict]:
+def chat_messages(obj: dict, fmt: str, answers_optional: bool = False) -> list[dict]:
     """The chat of a JSONL record as [{role, content}], roles system / user / assistant."""
     if fmt == "prompt_response":
         unanswered = answers_optional and obj.get("response") is None
@@ -172,7 +172,7 @@ def _call_arguments(call: dict) -> dict:
     return {**call, "function": {**function, "arguments": parsed}} if isinstance(parsed, dict) else call
 
 
-def _tools(obj: dict, fmt: str) -> tuple[dict, ...] | None:
+def chat_tools(obj: dict, fmt: str) -> tuple[dict, ...] | None:
     """The record's tool definitions (OpenAI "tools": a list of objects), if it has any."""
     tools = obj.get("tools") if fmt == "messages" else None
     if tools is None:
@@ -199,7 +199,7 @@ def _record(number: int, obj, fmt: str, answers_optional: bool = False) -> Recor
         if not obj["text"].strip():
             raise BadRecord("empty_text", "'text' is blank")
         return Record(number, obj["text"], text=obj["text"])
-    messages = _messages(obj, fmt, answers_optional)
+    messages = chat_messages(obj, fmt, answers_optional)
     if not answers_optional and not any(m["role"] == "assistant" for m in messages):
         raise BadRecord("no_assistant_turn", f"roles {[m['role'] for m in messages]}")
     if messages[0]["role"] == "assistant":  # transformers renders no empty chat, so no prefix before it
@@ -210,7 +210,7 @@ def _record(number: int, obj, fmt: str, answers_optional: bool = False) -> Recor
     # it is the same for a chat in any of the chat formats.
     asked = [[m["role"], m["content"]] for m in messages if m["role"] != "assistant"]
     key = json.dumps(asked or [[m["role"], m["content"]] for m in messages], ensure_ascii=False)
-    return Record(number, key, messages=tuple(messages), tools=_tools(obj, fmt))
+    return Record(number, key, messages=tuple(messages), tools=chat_tools(obj, fmt))
 
 
 def _blank_answer(message: dict) -> bool:
