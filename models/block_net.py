@@ -32,7 +32,7 @@ from flax import nnx
 from . import graphdef, init_params
 from .attention import BlockMask, TreeMask, write_kv
 from .config import ModelConfig
-from .heads import _rms_norm, target_logits, to_target_vocab
+from .heads import _rms_norm, target_embedding, target_logits, to_target_vocab
 
 
 def init_block_head_params(
@@ -102,7 +102,7 @@ def block_head_forward(
     # The context first: a block query of every layer reads the context's K/V of that layer.
     cache = write_context(config, params, target_params, states, context_positions, cache)
     module = _module(config, params, target_params)
-    x = target_params["embed"][tokens].astype(states.dtype)  # [B, T, D]
+    x = target_embedding(target_params, tokens, states.dtype)  # [B, T, D]
     for layer, block in enumerate(module.layers):
         h, cache = block.attn(block.input_norm(x), positions, cache, layer, mask)
         x = x + h

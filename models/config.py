@@ -13,6 +13,9 @@ LLAMA_FAMILY = ("llama", "qwen2", "mistral", "phi3", "qwen3", "gemma2", "gemma3_
 MODEL_TYPES = (*LLAMA_FAMILY, "gpt2")
 GEMMA_TYPES = ("gemma2", "gemma3_text")
 MOE_TYPES = ("mixtral", "qwen3_moe")
+# Weight formats (models/quant.py): float32 is the params in `dtype`, as always; the others
+# hold the projection and embedding matrices as bfloat16 or int8 (with float32 scales).
+WEIGHT_FORMATS = ("float32", "bfloat16", "int8")
 # Families with an RMSNorm over d_head of every q and k head, before the rotation.
 QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma3_text")
 # Families whose HF attention_bias means biases on q, k, v and o together.
@@ -48,6 +51,11 @@ class ModelConfig:
       o_proj_bias: a bias on the attention output projection.
       mlp_bias: biases on gate, up and down projections (HF Llama `mlp_bias`).
       model_type: one of MODEL_TYPES; HF's `model_type` of the class a save writes.
+      weights: the weight format (WEIGHT_FORMATS, models/quant.py). "float32": every param in
+        `dtype`, today's numerics. "bfloat16" / "int8": the projection, embedding and LM head
+        matrices stored so (int8 with a float32 scale per output channel, `<name>_scale`);
+        `dtype` (then float32) is that of the activations, norms and biases. Set by
+        specjax.io.weight_formats.with_weights, never by a checkpoint.
     Fields of the newer families (HF names; None or 0 where a family has no such thing):
       rope_scaling: HF's rope_scaling dict without rope_theta ({"rope_type": "llama3",
         "factor": 8.0, ...}), stored as its sorted (key, value) pairs so the config stays
@@ -97,6 +105,7 @@ class ModelConfig:
     num_experts: int = 0
     num_experts_per_tok: int = 0
     norm_topk_prob: bool = True
+    weights: str = "float32"
 
     def __post_init__(self):
         if self.model_type not in MODEL_TYPES:
@@ -136,6 +145,20 @@ class ModelConfig:
             self._check_gpt2()
         else:
             self._check_llama_family()
+        self._check_weights()
+
+    def _check_weights(self):
+        if self.weights not in WEIGHT_FORMATS:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weights!r}")
+        if self.weights == "float32":
+            return
+        if self.model_type == "gpt2" or self.model_type in MOE_TYPES:
+            raise ValueError(f"weights={self.weights!r} is not supported for model_type {self.model_type!r} yet")
+        if self.dtype != "float32":
+            raise ValueError(
+                f"weights={self.weights!r} keeps activations, norms and biases in float32: dtype must be "
+                f"'float32', got {self.dtype!r}"
+            )
 
     def _canonical_layer_types(self) -> tuple[int | None, tuple[str, ...] | None]:
         """(sliding_window, layer_types): types None when every layer is alike, and no window

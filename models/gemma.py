@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .llama import MLP, Llama
+from .llama import MLP, Llama, embedding
 
 
 class GemmaRMSNorm(nnx.Module):
@@ -47,8 +47,8 @@ class Gemma2(Llama):
 
     def embed_tokens(self, tokens):  # [B, T] -> [B, T, D]
         # sqrt(hidden_size) in the params' dtype, as HF rounds it (55.5, not 55.43, in bfloat16).
-        embed = self.embed[...]
-        return embed[tokens] * jnp.asarray(self.config.hidden_size**0.5, embed.dtype)
+        x = embedding(self, tokens)  # the params' dtype in float32 format; float32 in the others
+        return x * jnp.asarray(self.config.hidden_size**0.5, x.dtype)
 
 
 class Gemma3(Gemma2):

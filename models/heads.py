@@ -44,7 +44,8 @@ from flax import nnx
 from . import full_forward, graphdef, init_params
 from .cache import init_cache
 from .config import ModelConfig
-from .llama import decode
+from .llama import PROJECTIONS, decode
+from .quant import project
 
 # --- EAGLE ---------------------------------------------------------------------------------
 
@@ -191,20 +192,21 @@ def eagle_forward(
         h = h.reshape(b, t, width).astype(prev_features.dtype)  # [B, T, n * D]
         prev_features = jnp.einsum("bte,ed->btd", h, params["reduce"].astype(h.dtype))  # [B, T, D]
     embed = target_params["embed"]
-    x = jnp.concatenate([embed[tokens].astype(prev_features.dtype), prev_features], axis=-1)  # [B, T, 2D]
-    x = jnp.einsum("bte,ed->btd", x, params["fc"].astype(x.dtype))  # [B, T, D]
+    x = jnp.concatenate([target_embedding(target_params, tokens, prev_features.dtype), prev_features], axis=-1)
+    x = jnp.einsum("bte,ed->btd", x, params["fc"].astype(x.dtype))  # [B, T, 2D] -> [B, T, D]
     merged = {"embed": embed, "layers": params["layers"], "final_norm": params["final_norm"]}
     if not config.tie_word_embeddings:
         merged["lm_head"] = target_params["lm_head"]
     module = nnx.merge(graphdef(config), merged)
-    return decode(module, x, positions, cache, tree, features=True)
+    head = functools.partial(target_logits, config, target_params) if _int8(target_params) else None
+    return decode(module, x, positions, cache, tree, features=True, head=head)
 
 
 def _published_forward(config, options, params, target_params, tokens, prev, positions, cache, tree, from_target):
     """eagle_forward for options other than specjax's own: the same Block's modules, run
     piece by piece (models/llama.decode runs a block whole, with its input norm)."""
     embed = target_params["embed"]
-    e = embed[tokens].astype(prev.dtype)  # [B, T, D]
+    e = target_embedding(target_params, tokens, prev.dtype)  # [B, T, D]
     if options.eagle3:
         g = prev  # the head's own output, or (first step) fc over the raw target states
         if from_target:
@@ -350,8 +352,29 @@ def head_passes(
 # --- Medusa --------------------------------------------------------------------------------
 
 
+def _int8(target_params: dict) -> bool:
+    """Whether the target's params are in the int8 weight format (models/quant.py): its
+    embedding (tied) or LM head carries a scale. Static: the pytree's keys."""
+    return "embed_scale" in target_params or "lm_head_scale" in target_params
+
+
+def target_embedding(target_params: dict, tokens, dtype) -> jax.Array:
+    """The target's embedding rows for tokens [B, T] -> [B, T, D] in `dtype`, in any weight
+    format: an int8 target's rows are codes, times their per-row scale."""
+    rows = target_params["embed"][tokens]
+    if "embed_scale" in target_params:
+        rows = rows.astype(jnp.float32) * target_params["embed_scale"][tokens][..., None]
+    return rows.astype(dtype)
+
+
 def target_logits(config: ModelConfig, params: dict, hidden: jax.Array) -> jax.Array:
-    """The target's LM head on hidden states [..., D] -> float32 logits [..., V]."""
+    """The target's LM head on hidden states [..., D] -> float32 logits [..., V], in the
+    target's weight format (an int8 target's through its int8 product; others as stored)."""
+    name = "embed" if config.tie_word_embeddings else "lm_head"
+    if f"{name}_scale" in params:
+        rows = hidden.reshape(-1, 1, hidden.shape[-1]).astype(jnp.float32)  # [N, 1, D]: project's [B, T, D]
+        out = project(rows, params[name], params[f"{name}_scale"], PROJECTIONS[name], "int8")
+        return out.reshape(*hidden.shape[:-1], out.shape[-1])
     if config.tie_word_embeddings:
         return jnp.einsum("...d,vd->...v", hidden, params["embed"]).astype(jnp.float32)
     return jnp.einsum("...d,dv->...v", hidden, params["lm_head"]).astype(jnp.float32)

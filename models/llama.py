@@ -25,9 +25,83 @@ from flax import nnx
 from .attention import TreeMask, attend
 from .cache import KVCache
 from .config import ModelConfig
+from .quant import project, quantize, weight_axes
 from .rope import frequencies, rotary
 
 _init = nnx.initializers.normal(stddev=0.02)
+
+# Each matrix param's product (its einsum), by name: `project` runs it in the config's
+# weight format, and the int8 scale of a matrix is over that product's contraction axes
+# (`weight_axes`). "embed" is the tied LM head's product: a scale per vocabulary row, which
+# the token lookup reads too.
+PROJECTIONS = {
+    "q_proj": "btd,dhk->bthk",
+    "k_proj": "btd,dgk->btgk",
+    "v_proj": "btd,dgk->btgk",
+    "o_proj": "bthk,hkd->btd",
+    "gate_proj": "btd,df->btf",
+    "up_proj": "btd,df->btf",
+    "down_proj": "btf,fd->btd",
+    "embed": "btd,vd->btv",
+    "lm_head": "btd,dv->btv",
+}
+
+
+def _matrix(module: nnx.Module, name: str, rng, shape: tuple[int, ...], dtype, config: ModelConfig) -> None:
+    """Set module.<name> (drawn in `dtype`) stored in the config's weight format, plus
+    module.<name>_scale for int8. The draw is the same whatever the format."""
+    w = _init(rng, shape, dtype)
+    if config.weights == "int8":
+        q, scale = quantize(w, weight_axes(PROJECTIONS[name]))
+        setattr(module, name, nnx.Param(q))
+        setattr(module, f"{name}_scale", nnx.Param(scale))
+    elif config.weights == "bfloat16":
+        setattr(module, name, nnx.Param(w.astype(jnp.bfloat16)))
+    else:
+        setattr(module, name, nnx.Param(w))
+
+
+def _project(module: nnx.Module, name: str, x):
+    """x through module.<name>'s product (PROJECTIONS) in the module's weight format."""
+    fmt = module.config.weights
+    scale = getattr(module, f"{name}_scale")[...] if fmt == "int8" else None
+    return project(x, getattr(module, name)[...], scale, PROJECTIONS[name], fmt)
+
+
+def embedding(model: nnx.Module, tokens):
+    """model.embed's rows for tokens [B, T] -> [B, T, D] (see `embedding_rows`)."""
+    scale = model.embed_scale[...] if model.config.weights == "int8" else None
+    return embedding_rows(model.config, model.embed[...], scale, tokens)
+
+
+def embedding_rows(config: ModelConfig, embed, scale, tokens):
+    """Rows of the stored embedding [V, D] for tokens [B, T] -> [B, T, D]: int8 rows times
+    their scale [V] (float32), bfloat16 rows in the config's dtype, float32-format rows as stored."""
+    rows = embed[tokens]
+    if config.weights == "int8":
+        return rows.astype(jnp.float32) * scale[tokens][..., None]
+    if config.weights == "bfloat16":
+        return rows.astype(jnp.dtype(config.dtype))
+    return rows
+
+
+def lm_head(model: nnx.Module, x):
+    """Final-norm states [B, T, D] -> logits [B, T, V] through the (tied) LM head."""
+    return _project(model, "embed" if model.config.tie_word_embeddings else "lm_head", x)
+
+
+def params_embedding(config: ModelConfig, params: dict, tokens):
+    """`embedding` from a params dict (a draft head reading its target's): [B, T] -> [B, T, D]."""
+    return embedding_rows(config, params["embed"], params.get("embed_scale"), tokens)
+
+
+def params_lm_head(config: ModelConfig, params: dict, hidden):
+    """The LM head from a params dict in the config's weight format: hidden [..., D] -> [..., V]
+    (the float32 format: today's einsum over the stored dtype)."""
+    name = "embed" if config.tie_word_embeddings else "lm_head"
+    rows = hidden.reshape(-1, 1, hidden.shape[-1])  # [N, 1, D]: project's [B, T, D]
+    out = project(rows, params[name], params.get(f"{name}_scale"), PROJECTIONS[name], config.weights)
+    return out.reshape(*hidden.shape[:-1], out.shape[-1])
 
 
 class RMSNorm(nnx.Module):
@@ -49,10 +123,10 @@ class Attention(nnx.Module):
     def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs, qk_norm=None):
         d, hd = config.hidden_size, config.resolved_head_dim
         h, kv = config.num_attention_heads, config.num_key_value_heads
-        self.q_proj = nnx.Param(_init(rngs.params(), (d, h, hd), dtype))
-        self.k_proj = nnx.Param(_init(rngs.params(), (d, kv, hd), dtype))
-        self.v_proj = nnx.Param(_init(rngs.params(), (d, kv, hd), dtype))
-        self.o_proj = nnx.Param(_init(rngs.params(), (h, hd, d), dtype))
+        _matrix(self, "q_proj", rngs.params(), (d, h, hd), dtype, config)
+        _matrix(self, "k_proj", rngs.params(), (d, kv, hd), dtype, config)
+        _matrix(self, "v_proj", rngs.params(), (d, kv, hd), dtype, config)
+        _matrix(self, "o_proj", rngs.params(), (h, hd, d), dtype, config)
         if config.attention_bias:
             self.q_bias = nnx.Param(jnp.zeros((h, hd), dtype))
             self.k_bias = nnx.Param(jnp.zeros((kv, hd), dtype))
@@ -68,7 +142,7 @@ class Attention(nnx.Module):
     def __call__(self, x, positions, cache: KVCache, layer: int, tree: TreeMask | None = None):
         """x: [B, T, D]; positions: [B, T]. Returns ([B, T, D], cache with this layer written)."""
         cfg = self.config
-        q = jnp.einsum("btd,dhk->bthk", x, self.q_proj[...])  # [B, T, H, d_head]
+        q = _project(self, "q_proj", x)  # [B, T, H, d_head]
         if cfg.attention_bias:
             q = q + self.q_bias[...]
         if self.has_qk_norm:
@@ -82,7 +156,7 @@ class Attention(nnx.Module):
             q = q * jnp.asarray((cfg.resolved_head_dim / cfg.query_pre_attn_scalar) ** 0.5, q.dtype)
         window, softcap = cfg.layer_window(layer), cfg.attn_logit_softcapping
         out, cache = attend(q, k, v, positions, cache, layer, tree, window=window, softcap=softcap)
-        out = jnp.einsum("bthk,hkd->btd", out, self.o_proj[...])  # [B, T, D]
+        out = _project(self, "o_proj", out)  # [B, T, D]
         if cfg.o_proj_bias:
             out = out + self.o_bias[...]
         return out, cache
@@ -92,8 +166,8 @@ class Attention(nnx.Module):
         them (biased, k normed and rotated). A DFlash-style block head projects the target's
         context features through it (models/block_net.py)."""
         cfg = self.config
-        k = jnp.einsum("btd,dgk->btgk", x, self.k_proj[...])  # [B, T, n_kv, d_head]
-        v = jnp.einsum("btd,dgk->btgk", x, self.v_proj[...])  # [B, T, n_kv, d_head]
+        k = _project(self, "k_proj", x)  # [B, T, n_kv, d_head]
+        v = _project(self, "v_proj", x)  # [B, T, n_kv, d_head]
         if cfg.attention_bias:
             k, v = k + self.k_bias[...], v + self.v_bias[...]
         if self.has_qk_norm:
@@ -109,21 +183,22 @@ class MLP(nnx.Module):
 
     def __init__(self, config: ModelConfig, dtype, rngs: nnx.Rngs):
         d, f = config.hidden_size, config.intermediate_size
-        self.gate_proj = nnx.Param(_init(rngs.params(), (d, f), dtype))
-        self.up_proj = nnx.Param(_init(rngs.params(), (d, f), dtype))
-        self.down_proj = nnx.Param(_init(rngs.params(), (f, d), dtype))
+        _matrix(self, "gate_proj", rngs.params(), (d, f), dtype, config)
+        _matrix(self, "up_proj", rngs.params(), (d, f), dtype, config)
+        _matrix(self, "down_proj", rngs.params(), (f, d), dtype, config)
         if config.mlp_bias:
             self.gate_bias = nnx.Param(jnp.zeros((f,), dtype))
             self.up_bias = nnx.Param(jnp.zeros((f,), dtype))
             self.down_bias = nnx.Param(jnp.zeros((d,), dtype))
         self.bias = config.mlp_bias
+        self.config = config
 
     def __call__(self, x):  # [B, T, D] -> [B, T, D]
-        gate = jnp.einsum("btd,df->btf", x, self.gate_proj[...])
-        up = jnp.einsum("btd,df->btf", x, self.up_proj[...])
+        gate = _project(self, "gate_proj", x)
+        up = _project(self, "up_proj", x)
         if self.bias:
             gate, up = gate + self.gate_bias[...], up + self.up_bias[...]
-        out = jnp.einsum("btf,fd->btd", self.act(gate) * up, self.down_proj[...])
+        out = _project(self, "down_proj", self.act(gate) * up)
         return out + self.down_bias[...] if self.bias else out
 
 
@@ -182,7 +257,7 @@ def feature_width(config: ModelConfig, features) -> int:
     return config.hidden_size * (1 if layers is None else len(layers))
 
 
-def decode(model: nnx.Module, x, positions, cache: KVCache, tree: TreeMask | None = None, features=False):
+def decode(model: nnx.Module, x, positions, cache: KVCache, tree: TreeMask | None = None, features=False, head=None):
     """The part every family shares: blocks, final norm, (tied) LM head, cache lengths.
 
     x: embedded tokens [B, T, D] -> (logits [B, T, V] float32, updated cache), plus with
@@ -200,11 +275,8 @@ def decode(model: nnx.Module, x, positions, cache: KVCache, tree: TreeMask | Non
         if layers is not None and layer in layers:
             taken[layer] = x
     x = model.final_norm(x)
-    if model.config.tie_word_embeddings:
-        logits = jnp.einsum("btd,vd->btv", x, model.embed[...])
-    else:
-        logits = jnp.einsum("btd,dv->btv", x, model.lm_head[...])
-    logits = logits.astype(jnp.float32)
+    # `head`: another LM head on the final-norm states (a draft head borrowing an int8 target's).
+    logits = (lm_head(model, x) if head is None else head(x)).astype(jnp.float32)
     cap = model.config.final_logit_softcapping
     if cap is not None:  # Gemma 2: squash the logits into (-cap, cap)
         logits = cap * jnp.tanh(logits / cap)
@@ -229,7 +301,7 @@ class Llama(nnx.Module):
 
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
         dtype = jnp.dtype(config.dtype)
-        self.embed = nnx.Param(_init(rngs.params(), (config.vocab_size, config.hidden_size), dtype))
+        _matrix(self, "embed", rngs.params(), (config.vocab_size, config.hidden_size), dtype, config)
         attention = functools.partial(Attention, qk_norm=self.qk_norm)
         self.layers = nnx.List(
             [
@@ -239,7 +311,7 @@ class Llama(nnx.Module):
         )
         self.final_norm = self.norm(config.hidden_size, config.rms_norm_eps, dtype)
         if not config.tie_word_embeddings:
-            self.lm_head = nnx.Param(_init(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
+            _matrix(self, "lm_head", rngs.params(), (config.hidden_size, config.vocab_size), dtype, config)
         self.config = config
 
     def __call__(self, tokens, positions, cache: KVCache, tree: TreeMask | None = None, features=False):
@@ -248,4 +320,4 @@ class Llama(nnx.Module):
         return decode(self, self.embed_tokens(tokens), positions, cache, tree, features)
 
     def embed_tokens(self, tokens):  # [B, T] -> [B, T, D]
-        return self.embed[...][tokens]
+        return embedding(self, tokens)

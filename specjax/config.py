@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from specjax.core import acceptance
 from specjax.core.loop import DEFAULT_CACHE, CacheConfig
 from specjax.core.sampling import SamplingConfig
 from specjax.drafters import registry
@@ -145,7 +146,9 @@ class SpeculativeConfig:
     first, then: fallback's two drafters (each a SpeculativeConfig, a mapping of one, or a name).
     tree: a specjax.Tree, a preset name, "chain:K", "full:B:D" or a list of paths.
     adaptive: choose K each round (True, a specjax.AdaptiveConfig, or a mapping of its fields).
-    rule: the acceptance rule (None: greedy or rejection sampling, by the sampling).
+    rule: the acceptance rule, a function or the name of a chain rule
+      (`specjax.core.acceptance.RULES`: "greedy", "rejection_sampling", "block_verification");
+      None: greedy or rejection sampling, by the sampling (tree rounds: the tree rules).
     """
 
     method: str | None = None
@@ -165,7 +168,7 @@ class SpeculativeConfig:
     then: Any = None
     tree: Any = None
     adaptive: Any = False
-    rule: Callable | None = None
+    rule: Callable | str | None = None
 
     def __post_init__(self):
         if self.method is not None:
@@ -191,6 +194,26 @@ class SpeculativeConfig:
             object.__setattr__(self, "tree", Tree.from_spec(self.tree))
         if self.method is not None:
             registry.check_arguments(self.method, self.drafter_arguments())
+        if isinstance(self.rule, str):
+            object.__setattr__(self, "rule", acceptance.rule_named(self.rule))
+        if self.rule is not None and not callable(self.rule):
+            raise ValueError(f"rule must be an acceptance rule or its name, got {self.rule!r}")
+        self._check_rule_fits_rounds()
+
+    def _check_rule_fits_rounds(self) -> None:
+        """A named chain rule judges a chain of K drafts; tree rounds call their rule with the
+        tree (trees/tree_acceptance.py), so pairing the two is an error said here, not a
+        TypeError from inside the compiled loop."""
+        if self.rule not in acceptance.RULES.values():
+            return
+        adaptive = self.adaptive
+        adaptive_trees = adaptive.get("trees") if isinstance(adaptive, Mapping) else getattr(adaptive, "trees", None)
+        if self.tree is not None or adaptive_trees:
+            name = next(n for n, r in acceptance.RULES.items() if r is self.rule)
+            raise ValueError(
+                f"rule {name!r} verifies chains of drafts, not token trees: with a tree, pass no rule "
+                "(the tree rules are chosen by the sampling) or a tree rule (specjax.trees.tree_rejection_rule)"
+            )
 
     def replace(self, **changes) -> SpeculativeConfig:
         return dataclasses.replace(self, **changes)

@@ -22,6 +22,7 @@ from specjax.bench import experiments
 from specjax.bench.drafter_spec import Raw, parse_draft
 from specjax.bench.experiments.shared import Experiment
 from specjax.bench.prompt_sets import Prompts, parse_prompts
+from specjax.io.weight_formats import check_weights
 from specjax.models import ModelConfig
 
 ModelSpec = str | ModelConfig
@@ -62,6 +63,10 @@ class _Settings:
     # Every experiment's target (and draft model) on this mesh: "data=2,model=4" or
     # {data: 2, model: 4} (specjax.make_mesh); None: one device. E10 sweeps meshes itself.
     mesh: str | dict | None = None
+    # The weight format of the target, the cost models and every draft model, applied at
+    # load time: "float32" (the params as loaded), "bfloat16" or "int8" (models/quant.py,
+    # specjax/io/weight_formats.py); `--set weights=int8` runs any config in int8.
+    weights: str = "float32"
 
 
 class _BenchConfigMethods:
@@ -70,6 +75,9 @@ class _BenchConfigMethods:
     registry: tuple[Experiment, ...] = ()
 
     def __post_init__(self):
+        check_weights(self.weights)  # before anything loads
+        if self.weights != "float32" and self.mesh is not None:
+            raise ValueError(f"weights={self.weights!r} with a mesh is not supported yet: use weights: float32")
         object.__setattr__(self, "draft", parse_draft(self.draft, "draft"))
         if isinstance(self.mesh, str):
             from specjax.parallel.mesh import parse_mesh

@@ -23,6 +23,7 @@ from specjax.engine.timed_loops import draft_model_of
 from specjax.io.model import Model, init_model
 from specjax.io.presets import resolve_model
 from specjax.io.tokenizer import ByteTokenizer
+from specjax.io.weight_formats import with_weights
 from specjax.models import ModelConfig
 from specjax.parallel.mesh import mesh_from
 
@@ -30,13 +31,14 @@ if TYPE_CHECKING:  # the config is built from the experiments' registry, whose m
     from specjax.bench.bench_config import BenchConfig, ModelSpec
 
 
-def load_model(spec: ModelSpec, seed: int) -> Model:
-    """A named model, or random weights of the shape a ModelConfig mapping gives."""
+def load_model(spec: ModelSpec, seed: int, weights: str = "float32") -> Model:
+    """A named model, or random weights of the shape a ModelConfig mapping gives, in the
+    weight format `weights` (specjax/io/weight_formats.py)."""
     if isinstance(spec, ModelConfig):
         model = init_model(spec, seed=seed)
         tokenizer = ByteTokenizer() if spec.vocab_size >= ByteTokenizer().vocab_size else None
-        return Model(model.config, model.params, tokenizer=tokenizer)
-    return resolve_model(spec, seed=seed)
+        return with_weights(Model(model.config, model.params, tokenizer=tokenizer), weights)
+    return with_weights(resolve_model(spec, seed=seed), weights)
 
 
 def describe(model: Model, spec: ModelSpec | None) -> dict:
@@ -83,11 +85,13 @@ class BenchContext:
         self.progress = progress
         self._given_target, self._given_draft = target is not None, draft is not None
         self._models: dict = {}  # name or ModelConfig -> Model: each model is loaded once
-        self.target = target or load_model(config.target, config.seed)
+        self.target = target or load_model(config.target, config.seed, config.weights)
         self.draft = as_drafter(draft) if draft is not None else self.build_drafter(config.draft)
         if config.mesh is not None:  # every experiment sharded (specjax/parallel)
             self.target, self.draft = shard_pair(self.target, self.draft, mesh_from(config.mesh))
-        self.cost_target = self.target if config.cost_target is None else load_model(config.cost_target, config.seed)
+        self.cost_target = (
+            self.target if config.cost_target is None else load_model(config.cost_target, config.seed, config.weights)
+        )
         self.cost_draft = self.draft if config.cost_draft is None else as_drafter(self.load(config.cost_draft))
         if self.target.tokenizer is None:
             raise ValueError("the bench's target needs a tokenizer to encode its prompts")
@@ -105,7 +109,7 @@ class BenchContext:
     def load(self, spec: ModelSpec) -> Model:
         """A draft-side model, loaded once however many drafters use it."""
         if spec not in self._models:
-            self._models[spec] = load_model(spec, self.config.seed + 1)
+            self._models[spec] = load_model(spec, self.config.seed + 1, self.config.weights)
         return self._models[spec]
 
     def build_drafter(self, spec: SpeculativeConfig) -> Drafter:

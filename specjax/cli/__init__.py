@@ -1,7 +1,7 @@
 """The `specjax` command line: one module per group of commands.
 
     generate.py  `specjax generate`: prompts in, text and acceptance statistics out
-    config_commands.py  the config-driven commands: train, distill, train-head, bench
+    config_commands.py  the config-driven commands: train, distill, train-head, store-features, bench
     regenerate_command.py  `specjax regenerate`: a dataset's answers written anew by the target
     models.py    `specjax save-model`: any loadable model written as an HF directory;
                  `specjax save-head`: a draft head in a published layout (vLLM, SGLang)
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from specjax.cli.config_commands import add_bench, add_distill, add_train, add_train_head
+from specjax.cli.config_commands import add_bench, add_distill, add_store_features, add_train, add_train_head
 from specjax.cli.errors import add_debug_argument, run_command
 from specjax.cli.generate import add_generate
 from specjax.cli.models import add_save_head, add_save_model
@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_train,
         add_distill,
         add_train_head,
+        add_store_features,
         add_bench,
         add_regenerate,
         add_save_model,

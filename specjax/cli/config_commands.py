@@ -1,4 +1,4 @@
-"""The config-driven commands: train, distill, train-head and bench.
+"""The config-driven commands: train, distill, train-head, store-features and bench.
 
 Each reads a YAML config (a typed frozen dataclass, `--set key=value` overrides) and
 writes into --out; the training commands resume from the newest checkpoint when rerun.
@@ -194,6 +194,39 @@ def _train_head(args) -> int:
     config = load_config(HeadTrainConfig, args.config, [*_target_and_data(args), *_mesh(args), *args.set])
     results = train_head(config, args.out, progress=_quiet(args))
     print(json.dumps(results, indent=2))
+    return 0
+
+
+def add_store_features(subparsers):
+    p = subparsers.add_parser(
+        "store-features",
+        help="run the frozen target once over a train-head run's windows and store what EAGLE-3's loss reads of it "
+        "(resumes automatically)",
+        description="Write the feature store of an EAGLE-3 train-head config (eagle.eagle3.enabled): for every "
+        "training window, the target's feature-layer states and its logits over the run's draft vocabulary, in "
+        "safetensors shards with a manifest recording what they were computed from. Then train with "
+        "`specjax train-head --config CFG --set features.store=OUT`: the same batches and loss, without the target "
+        "forward per step. Rerunning the same command finishes an interrupted store. See docs/training.md, "
+        '"Training from stored features".',
+        formatter_class=HelpFormatter,
+    )
+    _add_run_arguments(
+        p,
+        "YAML of an EAGLE-3 HeadTrainConfig (configs/eagle3_any_target.yaml, configs/eagle3_published_head.yaml): "
+        "the run the store is for (target, data, seed, steps, layers, draft vocabulary, features.dtype)",
+        "the store's directory (rerun with the same one to resume)",
+    )
+    _add_target_and_data(p)
+    p.set_defaults(func=_store_features)
+    return p
+
+
+def _store_features(args) -> int:
+    from specjax.configs import load_config
+    from specjax.training.train_heads import HeadTrainConfig, store_features
+
+    config = load_config(HeadTrainConfig, args.config, [*_target_and_data(args), *args.set])
+    print(json.dumps(store_features(config, args.out, progress=_quiet(args)), indent=2))
     return 0
 
 

@@ -124,6 +124,17 @@ def add_generate(subparsers) -> argparse.ArgumentParser:
         help="print one JSON object instead of text: text, tokens, stats, timing and the settings of the run",
     )
     p.add_argument(
+        "--weights",
+        choices=("float32", "bfloat16", "int8"),
+        default="float32",
+        help="weight format of the target and of a draft model, applied at load time: float32 (the params as "
+        "loaded; exact against transformers), bfloat16 (matrices in bfloat16, float32 accumulation), int8 "
+        "(matrices int8 with a float32 scale per output channel, activations quantised to int8 per token, int32 "
+        "accumulation, exact whatever the verify width). Greedy speculative output equals plain greedy output of "
+        "the same format (tested; see docs/cli.md for the rare near-tie). The formats' outputs differ from each "
+        "other (bfloat16 and int8 trade quality for speed). Heads run on float32 and bfloat16 targets",
+    )
+    p.add_argument(
         "--mesh",
         default=None,
         metavar="data=D,model=M",
@@ -205,6 +216,7 @@ def settings(args, draft, tree) -> dict:
         "prefill_chunk": args.prefill_chunk,
         "attention_block": args.attention_block,
         "mesh": args.mesh,
+        "weights": args.weights,
         "environment": environment(),
     }
 
@@ -216,13 +228,16 @@ def generate_command(args) -> int:
     from specjax.config import GenerationConfig, SpeculativeConfig
     from specjax.core.loop import CacheConfig
     from specjax.io.presets import resolve_model
+    from specjax.io.weight_formats import with_weights
     from specjax.trees.tree import Tree
 
     named = None if args.plain else drafter_spec(args)  # the --drafter spec, -k applied
     if args.num_speculative_tokens is None:  # -k not given: the --drafter mapping's K, else 4
         args.num_speculative_tokens = 4 if named is None else named.num_speculative_tokens
+    if args.weights != "float32" and args.mesh is not None:
+        raise ValueError(f"--weights {args.weights} with --mesh is not supported yet: use --weights float32")
     texts = read_prompts(args)
-    target = resolve_model(args.target, seed=args.seed)
+    target = with_weights(resolve_model(args.target, seed=args.seed), args.weights)
     tokenizer = target.tokenizer
     if tokenizer is None:
         raise ValueError(f"model {args.target!r} has no tokenizer, so it cannot take text prompts")
@@ -239,7 +254,8 @@ def generate_command(args) -> int:
         ignore_eos=args.ignore_eos,
         cache=cache,
     )  # fmt: skip  (eos_token_id None: the target's, as GenerationConfig resolves it)
-    draft = None if named is None else load_drafter(named, target, seed=args.seed)  # a head checks the target's weights
+    # A head checks the target's weights; a draft model is loaded in the target's format.
+    draft = None if named is None else load_drafter(named, target, seed=args.seed, load=_loader(args))
     tree = None if args.tree is None or args.plain else Tree.from_spec(args.tree)
     speculative = SpeculativeConfig(num_speculative_tokens=args.num_speculative_tokens, tree=tree,
                                     adaptive=_adaptive(args))  # fmt: skip
@@ -291,6 +307,22 @@ def generate_command(args) -> int:
         print(f"--- {str(prompt)!r}\n{prompt}{chr(10) if turn else ''}{text}")
     print_summary(args, out.stats, tree, timing, comparison)
     return 0
+
+
+def _loader(args):
+    """How --drafter's model names load (as load_drafter's default: random presets and shapes
+    drawn with seed + 1), converted to --weights."""
+    from specjax.io.model import init_model
+    from specjax.io.presets import load_model
+    from specjax.io.weight_formats import with_weights
+    from specjax.models import ModelConfig
+
+    def load(name):
+        if isinstance(name, ModelConfig):
+            return with_weights(init_model(name, seed=args.seed + 1), args.weights)
+        return load_model(name, seed=args.seed + 1, weights=args.weights)
+
+    return load
 
 
 def _adaptive(args):

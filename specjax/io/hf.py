@@ -18,12 +18,15 @@ from specjax.io.hf_config import config_from_hf, config_to_hf
 from specjax.io.hf_weights import SINGLE_FILE, read_params, write_params
 from specjax.io.model import Model, hf_repo_id
 from specjax.io.tokenizer import ByteTokenizer, load_tokenizer, save_byte_tokenizer
+from specjax.io.weight_formats import check_weights, with_weights
 
 TRAINED_CONTEXT_KEY = "specjax_trained_context"  # config.json: tokens per training window (Model.trained_context)
 MASK_TOKEN_KEY = "specjax_mask_token_id"  # config.json: a parallel draft's mask token (Model.mask_token_id)
 
 
-def load_model(path_or_name: str | Path, dtype: str = "float32", mesh=None, load_borrowed=None) -> Model:
+def load_model(
+    path_or_name: str | Path, dtype: str = "float32", mesh=None, load_borrowed=None, weights: str = "float32"
+) -> Model:
     """A model from a local HF-format directory or the name of an embedded model.
 
     Supports the safetensors checkpoints (single file or sharded) of the architectures in
@@ -38,7 +41,15 @@ def load_model(path_or_name: str | Path, dtype: str = "float32", mesh=None, load
     load_borrowed: how a directory that borrows tensors (io/shared_weights.py) loads the
     model it names, name -> Model; `specjax.load_model` (io/presets.py) passes itself, so
     any name it takes works. None: this function (directories and embedded models).
+
+    weights: the weight format, "float32" (default), "bfloat16" or "int8"
+    (specjax/io/weight_formats.py); not with a mesh yet.
     """
+    if weights != "float32":
+        check_weights(weights)
+        if mesh is not None:
+            raise ValueError(f"weights={weights!r} on a mesh is not supported yet: use weights='float32' with a mesh")
+        return with_weights(load_model(path_or_name, dtype, None, load_borrowed), weights)
     directory = _resolve(path_or_name)
     config_path = directory / "config.json"
     if not config_path.is_file():
@@ -77,6 +88,11 @@ def save_model(model: Model, out_dir: str | Path) -> Path:
     the tokenizer: a ByteTokenizer becomes a byte-level tokenizer.json that encodes and
     decodes identically; an HF tokenizer saves itself. Returns the directory.
     """
+    if model.config.weights != "float32":
+        raise ValueError(
+            f"cannot save a model with weights={model.config.weights!r}: a format is applied at load time "
+            "(load_model(..., weights=...)); save the float32 model"
+        )
     tokenizer = model.tokenizer
     if not (tokenizer is None or isinstance(tokenizer, ByteTokenizer) or hasattr(tokenizer, "save_pretrained")):
         raise ValueError(f"cannot save a tokenizer of type {type(tokenizer).__name__} (it has no save_pretrained)")

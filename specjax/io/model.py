@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 from typing import Any
 
@@ -32,10 +33,28 @@ class Model:
     # when it names a repo; a GGUF file's `general.source.*`; a packaged model's): the name a
     # serving engine resolves, which published heads record as their verifier (drafters/formats/writers.py).
     hf_repo: str | None = None
+    # The weights sha256 (`params_sha256`) of the float32 model this one was converted from
+    # where the conversion changes what that hash sees (int8: other values and scale params;
+    # specjax/io/weight_formats.py): heads trained for the float32 target fingerprint it, and
+    # still load on the converted one (drafters/formats/native.py target_fingerprint).
+    source_fingerprint: str | None = None
 
     @property
     def num_parameters(self) -> int:
         return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.params))
+
+
+def params_sha256(params) -> str:
+    """sha256 over every leaf in key-path order: its path, shape and values rounded to bfloat16
+    (one checkpoint loaded in float32 or in bfloat16 keeps one fingerprint). A head's record
+    of its target's weights (drafters/formats/native.py)."""
+    digest = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        if jnp.issubdtype(leaf.dtype, jnp.floating):
+            leaf = leaf.astype(jnp.bfloat16)  # on the device: half the bytes to bring back
+        digest.update(f"{jax.tree_util.keystr(path, simple=True, separator='.')}{tuple(leaf.shape)}".encode())
+        digest.update(np.ascontiguousarray(jax.device_get(leaf)).tobytes())
+    return digest.hexdigest()
 
 
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")

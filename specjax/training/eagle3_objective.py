@@ -198,6 +198,19 @@ def _target_states(target_config: ModelConfig, target_params, tokens, layers, fi
     return logits, hidden[..., : len(layers) * d], features
 
 
+def target_side(target_config: ModelConfig, target_params, tokens, layers, vocab: DraftVocab, final: bool) -> dict:
+    """What the TTT loss reads of the frozen target for tokens [B, T] (no gradient): the
+    layers' states "multi" [B, T, n * D], the logits over the draft vocabulary "logits"
+    [B, T, Vd], "in_draft" bool [B, T] (the target's own top token, over the full
+    vocabulary, is in the draft vocabulary) and with `final` the final-norm features "final"
+    [B, T, D]. The same dict a feature store holds (training/feature_store.py), so a stored
+    batch and a live one go through the one loss (`ttt_loss_from`)."""
+    logits, multi, features = _target_states(target_config, target_params, tokens, layers, final)
+    ids = jnp.asarray(vocab.tokens, jnp.int32)  # [Vd]: the draft vocabulary's target ids
+    side = {"multi": multi, "logits": logits[..., ids], "in_draft": jnp.asarray(vocab.t2d)[jnp.argmax(logits, -1)]}
+    return {**side, "final": features} if final else side
+
+
 def ttt_loss(
     config: ModelConfig,
     target_config: ModelConfig,
@@ -210,34 +223,51 @@ def ttt_loss(
     tokens,
     mask=None,
 ):
-    """The TTT loss on tokens [B, T] -> (total, parts [P, N]): per step the draft-vocabulary
-    cross-entropy (what is minimised), the same as a KL (minus the target's entropy: 0 is a
-    perfect head), the top-1 agreement with the target (over positions in the window), and
-    with feature_weight > 0 the feature loss (module docstring).
+    """The TTT loss on tokens [B, T], the target run here -> (total, parts [P, N]): per step
+    the draft-vocabulary cross-entropy (what is minimised), the same as a KL (minus the
+    target's entropy: 0 is a perfect head), the top-1 agreement with the target (over
+    positions in the window), and with feature_weight > 0 the feature loss (module docstring).
 
     mask [B, T] over predicted positions (mask[:, q] scores the prediction of the token at
     q + 1, the target's logits[q]), or None: every position, the published loss as it was.
     Step k at entry e predicts from logits[e + 1 + k], so its weight is mask[:, e + 1 + k]."""
+    side = target_side(target_config, target_params, tokens, layers, vocab, settings.feature_weight > 0)
+    return ttt_loss_from(config, options, vocab, settings, target_params, head_params, tokens, side, mask)
+
+
+def ttt_loss_from(
+    config: ModelConfig,
+    options: HeadOptions,
+    vocab: DraftVocab,
+    settings: Eagle3Config,
+    target_params,
+    head_params,
+    tokens,
+    side: dict,
+    mask=None,
+):
+    """`ttt_loss` from the target's side already computed (`target_side`, or read from a
+    feature store): target_params is read only for the embedding the head shares."""
     final = settings.feature_weight > 0
-    target_logits, multi, features = _target_states(target_config, target_params, tokens, layers, final)
     params = {**head_params, **({} if vocab.is_identity else {"d2t": jnp.asarray(vocab.d2t)})}
     ids = jnp.asarray(vocab.tokens, jnp.int32)  # [Vd]: the draft vocabulary's target ids
     steps, detach = settings.ttt_steps, settings.detach_feedback
+    multi = side["multi"]
     logits, fed = ttt_passes(config, options, params, target_params, tokens, multi, steps, detach, ids)  # [N, B, W, Vd]
     b, t = tokens.shape
     width = t - 1
-    t2d = jnp.asarray(vocab.t2d)  # [V]
     # The published denominator B * W; with a mask, the window's scored positions (step 0's),
     # so a batch with few assistant tokens is not worth less than one with many.
     scored = b * width if mask is None else jnp.maximum(jnp.sum(_ahead(mask, 0, width)), 1.0)
     total, parts = 0.0, []
     for k in range(settings.ttt_steps):
-        teacher_full = _ahead(target_logits, k, width)  # [B, W, V]: the target's guess for token p + k + 1
         valid = jnp.broadcast_to(jnp.arange(width) < width - k, (b, width))  # that token is in the window
         if mask is not None:
             valid = valid & (_ahead(mask, k, width) > 0)  # [B, W]: and it is a target
-        keep = valid & t2d[jnp.argmax(teacher_full, axis=-1)]  # [B, W]: as published, top-1 in the draft vocab
-        teacher = jax.nn.log_softmax(teacher_full[..., ids], axis=-1)  # [B, W, Vd]: restricted, renormalised
+        # As published, only where the target's top-1 (over the full vocabulary) is in the draft vocabulary.
+        keep = valid & _ahead(side["in_draft"], k, width)  # [B, W]
+        # [B, W, Vd]: the target's guess for token p + k + 1, restricted to the draft vocabulary and renormalised
+        teacher = jax.nn.log_softmax(_ahead(side["logits"], k, width), axis=-1)
         student = jax.nn.log_softmax(logits[k], axis=-1)  # [B, W, Vd]
         ce = -jnp.sum(jnp.exp(teacher) * student, axis=-1)  # [B, W]
         entropy = -jnp.sum(jnp.exp(teacher) * teacher, axis=-1)  # [B, W]: ce's floor, for the KL logged beside it
@@ -247,7 +277,7 @@ def ttt_loss(
         row = [step_loss, kl, jnp.sum(agree) / jnp.maximum(jnp.sum(valid), 1)]
         weight = settings.step_decay**k
         if final:
-            target_f = _ahead(features, k, width)  # [B, W, D]: the target's f at p + k
+            target_f = _ahead(side["final"], k, width)  # [B, W, D]: the target's f at p + k
             per = jnp.mean(optax.huber_loss(fed[k], target_f, delta=1.0), axis=-1)  # [B, W]
             feature_loss = jnp.sum(jnp.where(valid, per, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
             row.append(feature_loss)
@@ -274,3 +304,28 @@ class TTTLoss:
     def __call__(self, target_params, head_params, tokens, mask=None):
         bound = (self.config, self.target_config, self.options, self.layers, self.vocab, self.settings)
         return ttt_loss(*bound, target_params, head_params, tokens, mask)
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredTTTLoss:
+    """`ttt_loss_from` with its settings bound, reading the target's side from a stored batch:
+    (target_params, head_params, batch, mask=None) -> (loss, parts), batch a dict of "tokens"
+    [B, T] and `target_side`'s arrays as a feature store holds them (bfloat16 or float32),
+    cast here to what the live target computes in. Hashable, as TTTLoss (a jit static)."""
+
+    config: ModelConfig
+    target_config: ModelConfig
+    options: HeadOptions
+    vocab: DraftVocab
+    settings: Eagle3Config
+
+    def __call__(self, target_params, head_params, batch, mask=None):
+        dtype = jnp.dtype(self.target_config.dtype)
+        side = {
+            "multi": batch["multi"].astype(dtype),  # [B, T, n * D]
+            "logits": batch["logits"].astype(jnp.float32),  # [B, T, Vd]
+            "in_draft": batch["in_draft"].astype(bool),  # [B, T]
+            **({"final": batch["final"].astype(dtype)} if "final" in batch else {}),
+        }
+        bound = (self.config, self.options, self.vocab, self.settings)
+        return ttt_loss_from(*bound, target_params, head_params, batch["tokens"], side, mask)

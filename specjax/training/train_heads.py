@@ -63,11 +63,19 @@ from specjax.training.block_objective import BlockHeadConfig, block_head_start
 from specjax.training.data import DataConfig, training_batch
 from specjax.training.datasets import DatasetConfig
 from specjax.training.draft_vocab import FILE as DRAFT_VOCAB_FILE
-from specjax.training.draft_vocab import draft_vocab_for_run
-from specjax.training.eagle3_objective import Eagle3Config, TTTLoss, eagle3_options, init_eagle3_params
+from specjax.training.draft_vocab import draft_vocab_for_run, select, token_counts
+from specjax.training.eagle3_objective import (
+    Eagle3Config,
+    StoredTTTLoss,
+    TTTLoss,
+    eagle3_options,
+    init_eagle3_params,
+)
+from specjax.training.feature_store import FeatureStoreConfig
 from specjax.training.run_data import dataset_batches, eval_prompts, predicted_mask, report_dataset
 from specjax.training.run_dirs import open_run, resume_or_start
 from specjax.training.sharded_steps import MeshSteps, check_mesh
+from specjax.training.stored_features import build_store, stored_batches
 from specjax.training.train import OptimConfig, make_optimizer
 
 KINDS = ("medusa", "eagle", "block")
@@ -145,6 +153,9 @@ class HeadTrainConfig:
     # tensor parallel over "model", each batch's rows split over "data" (it must divide the
     # batch size); the head replicated (training/sharded_steps.py). None: one device.
     mesh: str | None = None
+    # features.store: train from a feature store (training/feature_store.py, built by `specjax
+    # store-features`) instead of running the target every step; EAGLE-3 (eagle.eagle3) only.
+    features: FeatureStoreConfig = dataclasses.field(default_factory=FeatureStoreConfig)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -154,6 +165,11 @@ class HeadTrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.eagle.eagle3.enabled and self.kind != "eagle":
             raise ValueError(f"eagle.eagle3.enabled trains an EAGLE head: set kind=eagle (got kind={self.kind})")
+        if self.features.store is not None and not self.eagle.eagle3.enabled:
+            raise ValueError(
+                "features.store holds EAGLE-3's target side: set kind=eagle and eagle.eagle3.enabled=true, "
+                "or leave features.store unset to train live"
+            )
         check_mesh(self.mesh, self.batch_size)
         if self.kind == "block":
             self.block.check_window(self.data.seq_len if self.dataset is None else self.dataset.seq_len)
@@ -290,16 +306,29 @@ def _kind(config: HeadTrainConfig, target: Model, out_dir: Path) -> _Kind:
     )
 
 
-def _eagle3_kind(config: HeadTrainConfig, target: Model, out_dir: Path) -> _Kind:
-    """The published EAGLE-3 network (training/eagle3_objective.py): the drafter is the one a
-    loaded published head is (same HeadOptions), with the run's draft vocabulary's d2t."""
+def _eagle3_setup(config: HeadTrainConfig, target: Model, out_dir: Path | None):
+    """(head layer config, feature layers, draft vocabulary) of an EAGLE-3 run. The vocabulary
+    is the run's (OUT/draft_vocab.json, or counted and written there), or with out_dir None
+    counted afresh (a feature store's: what a new run of this config counts)."""
     e, s, target_config = config.eagle, config.eagle.eagle3, target.config
-    layer = e.layer(target_config)
     num = target_config.num_hidden_layers
     layers = feature_layers(e.feature_layers, num) if e.feature_layers else eagle3_layers({}, num)
     v = target_config.vocab_size
     batches = None if config.dataset is None else dataset_batches(config.dataset, target.tokenizer, config.seed)
-    vocab = draft_vocab_for_run(out_dir, config.data, config.seed, config.steps, v, s.draft_vocab_size or v, batches)
+    size = s.draft_vocab_size or v
+    if out_dir is None:
+        vocab = select(token_counts(config.data, config.seed, config.steps, v, batches), size)
+    else:
+        vocab = draft_vocab_for_run(out_dir, config.data, config.seed, config.steps, v, size, batches)
+    return e.layer(target_config), layers, vocab
+
+
+def _eagle3_kind(config: HeadTrainConfig, target: Model, out_dir: Path) -> _Kind:
+    """The published EAGLE-3 network (training/eagle3_objective.py): the drafter is the one a
+    loaded published head is (same HeadOptions), with the run's draft vocabulary's d2t. With
+    features.store the loss reads the target's side from the batch (StoredTTTLoss)."""
+    s, target_config = config.eagle.eagle3, target.config
+    layer, layers, vocab = _eagle3_setup(config, target, out_dir)
     options = eagle3_options(vocab.size)
     start = (target_config, target.params) if s.lm_head_init == "target" else None  # its LM head and final norm
     mapping = {} if vocab.is_identity else {"d2t": jnp.asarray(vocab.d2t)}  # not trained: added to the drafter's
@@ -312,7 +341,11 @@ def _eagle3_kind(config: HeadTrainConfig, target: Model, out_dir: Path) -> _Kind
     return _Kind(
         initial=init_eagle3_params(layer, len(layers), vocab, config.seed, start),
         as_head=lambda p: Eagle(params={**p, **mapping}, config=layer, feature_layers=layers, options=options),
-        loss=TTTLoss(layer, target_config, options, layers, vocab, s),
+        loss=(
+            TTTLoss(layer, target_config, options, layers, vocab, s)
+            if config.features.store is None
+            else StoredTTTLoss(layer, target_config, options, vocab, s)
+        ),
         part_names=names,
     )
 
@@ -334,6 +367,24 @@ def _batches(config: HeadTrainConfig, target: Model):
         return tokens, predicted_mask(mask)
 
     return batch
+
+
+def _stored_batches(config: HeadTrainConfig, target: Model, out_dir: Path):
+    """`_batches` read from the run's feature store (training/stored_features.py)."""
+    _, layers, vocab = _eagle3_setup(config, target, out_dir)
+    return stored_batches(config, target, layers, vocab, _batches(config, target))
+
+
+def store_features(config: HeadTrainConfig, out_dir: str | Path, progress: bool = True, stop_after=None) -> dict:
+    """Build (or finish, after a kill) the feature store of `config`'s run in `out_dir`
+    (`specjax store-features`). stop_after: at most that many new shards (tests)."""
+    from specjax.io.presets import resolve_model
+
+    if not (config.kind == "eagle" and config.eagle.eagle3.enabled):
+        raise ValueError("store-features stores EAGLE-3's target side: the config needs eagle.eagle3.enabled=true")
+    target = resolve_model(config.target)
+    _, layers, vocab = _eagle3_setup(config, target, None)  # what a new run of this config counts
+    return build_store(config, target, layers, vocab, out_dir, progress, stop_after)
 
 
 def _parts(names: tuple[str, ...], parts) -> dict:
@@ -380,10 +431,15 @@ def train_head(config: HeadTrainConfig, out_dir: str | Path, progress: bool = Tr
     step_fn = mesh.jit(_step, params, opt_state, metrics=2)
     end = config.steps if stop_after is None else min(config.steps, start + stop_after)
     clock = time.perf_counter()
-    batches = _batches(config, target)
+    batches = _batches(config, target) if config.features.store is None else _stored_batches(config, target, out_dir)
     bar = tqdm(range(start, end), initial=start, total=config.steps, disable=not progress, desc="train-head")
     for step in bar:
-        tokens, mask = mesh.rows(*batches(step))
+        tokens, mask = batches(step)
+        if isinstance(tokens, dict):  # a stored batch: the tokens and the target's side, [B, ..] each
+            *values, mask = mesh.rows(*tokens.values(), mask)
+            tokens = dict(zip(tokens, values, strict=True))
+        else:
+            tokens, mask = mesh.rows(tokens, mask)
         params, opt_state, loss, parts = step_fn(kind.loss, optimizer, placed.params, params, opt_state, tokens, mask)
         done = step + 1
         if done % config.log_every == 0 or done % config.eval.every == 0 or done == config.steps:
@@ -417,6 +473,7 @@ def train_head(config: HeadTrainConfig, out_dir: str | Path, progress: bool = Tr
         "head": str(head_dir),
         **({"dataset": config.dataset.path} if config.dataset is not None else {}),
         **({"draft_vocab": _vocab_summary(out_dir)} if config.eagle.eagle3.enabled else {}),
+        **({"features": dataclasses.asdict(config.features)} if config.features.store is not None else {}),
         "eval": dataclasses.asdict(config.eval),
     }
     (out_dir / "results.json").write_text(json.dumps(results, indent=2))

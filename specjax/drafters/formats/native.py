@@ -22,7 +22,6 @@ import json
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
@@ -34,7 +33,7 @@ from specjax.drafters.formats.published import load_published
 from specjax.drafters.formats.writers import write_published
 from specjax.drafters.medusa import Medusa
 from specjax.io.embedded import embedded_path
-from specjax.io.model import Model
+from specjax.io.model import Model, params_sha256
 from specjax.models import ModelConfig
 from specjax.models.heads import SPECJAX_HEAD, HeadOptions, head_config
 
@@ -77,13 +76,14 @@ def _unflatten(flat: dict[str, np.ndarray]) -> dict:
 def _canonical_config(config: ModelConfig) -> dict:
     """The config as fingerprinted and stored: JSON values, keys sorted.
 
-    Left out: `dtype` (the precision the weights are held in, not which model they are) and
+    Left out: `dtype` and `weights` (the precision and format the weights are held in, not
+    which model they are: a head serves its target in every weight format) and
     fields set to None (what the model does not have), so a field added to ModelConfig later
     with a None default keeps every saved fingerprint valid. head_dim is the resolved one:
     None and an explicit hidden_size / num_attention_heads are one model.
     """
     fields = {**dataclasses.asdict(config), "head_dim": config.resolved_head_dim}
-    del fields["dtype"]
+    del fields["dtype"], fields["weights"]
     return json.loads(json.dumps({k: v for k, v in sorted(fields.items()) if v is not None}))
 
 
@@ -91,16 +91,11 @@ def _config_sha256(config: ModelConfig) -> str:
     return hashlib.sha256(json.dumps(_canonical_config(config), sort_keys=True).encode()).hexdigest()
 
 
-def _weights_sha256(params) -> str:
-    """sha256 over every leaf in key-path order: its path, shape and values rounded to bfloat16
-    (one checkpoint loaded in float32 or in bfloat16 keeps one fingerprint)."""
-    digest = hashlib.sha256()
-    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        if jnp.issubdtype(leaf.dtype, jnp.floating):
-            leaf = leaf.astype(jnp.bfloat16)  # on the device: half the bytes to bring back
-        digest.update(f"{jax.tree_util.keystr(path, simple=True, separator='.')}{tuple(leaf.shape)}".encode())
-        digest.update(np.ascontiguousarray(jax.device_get(leaf)).tobytes())
-    return digest.hexdigest()
+def _weights_sha256(target: Model) -> str:
+    """The target's weights fingerprint (`params_sha256`: values rounded to bfloat16, so one
+    checkpoint loaded in float32 or in bfloat16 keeps one fingerprint). A target converted to
+    int8 weights (io/weight_formats.py) keeps that of the float32 weights it came from."""
+    return target.source_fingerprint or params_sha256(target.params)
 
 
 def target_fingerprint(target: Model | ModelConfig) -> dict[str, str]:
@@ -112,7 +107,7 @@ def target_fingerprint(target: Model | ModelConfig) -> dict[str, str]:
     stores both; load_head compares them.
     """
     if isinstance(target, Model):
-        return {"config_sha256": _config_sha256(target.config), "weights_sha256": _weights_sha256(target.params)}
+        return {"config_sha256": _config_sha256(target.config), "weights_sha256": _weights_sha256(target)}
     if isinstance(target, ModelConfig):
         return {"config_sha256": _config_sha256(target)}
     raise TypeError(f"a head's target is a specjax Model or a ModelConfig, got {type(target)!r}")
@@ -184,7 +179,7 @@ def _check_target(label: str, config: dict, params: dict, target: Model | ModelC
             f"target has {_fields(theirs, differ[:6])}{more}: {opt_out}"
         )
     if isinstance(target, Model) and trained.get("weights_sha256"):
-        given = _weights_sha256(target.params)
+        given = _weights_sha256(target)
         if given != trained["weights_sha256"]:
             raise ValueError(
                 f"head {label} was trained for {_described(trained)} (weights sha256 "
