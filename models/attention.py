@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from . import fixed_order
 from .cache import KVCache
 
 
@@ -158,13 +159,15 @@ def attend(
     *,
     window: int | None = None,
     softcap: float | None = None,
+    fixed: bool = False,
 ):
     """Write k, v into `cache`, then attend causally by absolute position (or by `tree`).
 
     q: [B, T, H, d_head]; k, v: [B, T, n_kv, d_head]; positions: [B, T]. Without a tree the
     tokens are written at slot = position; with one, at `tree.slots`. Scores are
     q.k / sqrt(d_head); `window` (static) limits each query to the last `window` positions,
-    `softcap` (static) caps the scores.
+    `softcap` (static) caps the scores; `fixed` (static) sums the softmax in a fixed order
+    (models/fixed_order.py: a row's output then does not depend on T).
     Returns (out [B, T, H, d_head] in q's dtype, cache with this layer written).
     """
     if window is not None and tree is not None and not tree.slots_are_positions and tree.width > window:
@@ -180,14 +183,15 @@ def attend(
     b, t, h, hd = q.shape
     n_kv = cache_k.shape[3]
     q = q.reshape(b, t, n_kv, h // n_kv, hd)  # [B, T, n_kv, G, d_head]
-    if cache.max_length <= cache.block_size:
-        out = _full(q, cache.decode(cache_k[layer]), cache.decode(cache_v[layer]), positions, tree, window, softcap)
+    if cache.max_length <= cache.block_size and not fixed:  # fixed: blockwise, whatever the length (cache.py)
+        keys, values = cache.decode(cache_k[layer]), cache.decode(cache_v[layer])
+        out = _full(q, keys, values, positions, tree, window, softcap, fixed)
     else:
-        out = _blockwise(q, cache, layer, positions, write, tree, window, softcap)
+        out = _blockwise(q, cache, layer, positions, write, tree, window, softcap, fixed)
     return out.reshape(b, t, h, hd).astype(q.dtype), cache
 
 
-def _full(q, keys, values, positions, tree, window=None, softcap=None):
+def _full(q, keys, values, positions, tree, window=None, softcap=None, fixed=False):
     """q [B, T, n_kv, G, d]; keys, values [B, S, n_kv, d] -> [B, T, n_kv, G, d]."""
     scores = jnp.einsum("btngk,bsnk->bngts", q, keys.astype(q.dtype)).astype(jnp.float32) / jnp.sqrt(q.shape[-1])
     scores = _softcap(scores, softcap)
@@ -195,11 +199,11 @@ def _full(q, keys, values, positions, tree, window=None, softcap=None):
     # sequence are stale and always masked.
     visible = _visibility(jnp.arange(keys.shape[1]), positions, tree, window)  # [B, T, S]
     scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
-    weights = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    weights = (fixed_order.softmax(scores) if fixed else jax.nn.softmax(scores, axis=-1)).astype(q.dtype)
     return jnp.einsum("bngts,bsnk->btngk", weights, values.astype(q.dtype))
 
 
-def _blockwise(q, cache: KVCache, layer: int, positions, written, tree, window=None, softcap=None):
+def _blockwise(q, cache: KVCache, layer: int, positions, written, tree, window=None, softcap=None, fixed=False):
     """Online softmax over cache blocks below max(written) + 1 (the highest slot this call wrote).
 
     q [B, T, n_kv, G, d]; cache.k, cache.v [layers, B, S, n_kv, d] -> [B, T, n_kv, G, d].
@@ -229,7 +233,7 @@ def _blockwise(q, cache: KVCache, layer: int, positions, written, tree, window=N
         shift = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
         weights = jnp.exp(scores - shift[..., None])  # [B, n_kv, G, T, block]
         rescale = jnp.exp(running_max - shift)  # [B, n_kv, G, T]
-        total = total * rescale + jnp.sum(weights, axis=-1)
+        total = total * rescale + (fixed_order.tree_sum(weights) if fixed else jnp.sum(weights, axis=-1))
         update = jnp.einsum("bngts,bsnk->btngk", weights.astype(q.dtype), values.astype(q.dtype))
         acc = acc * jnp.transpose(rescale, (0, 3, 1, 2))[..., None] + update.astype(jnp.float32)
         return new_max, total, acc

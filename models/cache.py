@@ -78,11 +78,20 @@ class KVCache:
 
 
 def init_cache(config, batch_size: int, max_length: int, dtype=None, block_size: int = DEFAULT_BLOCK_SIZE) -> KVCache:
-    """An empty cache for `config` (a ModelConfig): `max_length` slots per row.
+    """An empty cache for `config` (a ModelConfig): `max_length` slots per row (rounded up
+    to whole blocks in the bfloat16 and int8 weight formats).
 
     dtype: the K/V storage dtype (default: the params' dtype). A narrower cache (bfloat16
     for float32 params) halves the bytes attention reads; K/V are cast on write and read.
     """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if getattr(config, "weights", "float32") != "float32":
+        # The bfloat16 and int8 formats attend blockwise over whole blocks only (attention.py),
+        # so that a row's attention does not depend on the cache length either: plain decoding
+        # and a verify, whose caches differ by K + 1 slots, then sum the same blocks in the
+        # same order. Up to block_size - 1 slots more per row.
+        max_length = -(-max_length // block_size) * block_size
     shape = (
         config.num_hidden_layers,
         batch_size,
@@ -90,8 +99,6 @@ def init_cache(config, batch_size: int, max_length: int, dtype=None, block_size:
         config.num_key_value_heads,
         config.resolved_head_dim,
     )
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
     dtype = jnp.dtype(config.dtype if dtype is None else dtype)
     storage = jnp.uint16 if dtype.itemsize == 2 else dtype
     return KVCache(

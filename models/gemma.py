@@ -19,19 +19,20 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .llama import MLP, Llama, embedding
+from .llama import MLP, Llama, embedding, mean_square
 
 
 class GemmaRMSNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float, dtype):
+    def __init__(self, dim: int, eps: float, dtype, fixed: bool = False):
         # HF's weight w, the norm multiplying by (1 + w): zeros are the identity scale.
         self.scale = nnx.Param(jnp.zeros((dim,), dtype))
         self.eps = eps
+        self.fixed = fixed  # the mean in a fixed order (llama.RMSNorm)
 
     def __call__(self, x):  # [..., D]
         # float32 throughout, cast once at the end (HF Gemma: (x * (1 + w)).to(dtype)).
         x32 = x.astype(jnp.float32)
-        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        x32 = x32 * jax.lax.rsqrt(mean_square(x32, self.fixed) + self.eps)
         return (x32 * (1.0 + self.scale.astype(jnp.float32))).astype(x.dtype)
 
 

@@ -25,6 +25,7 @@ from flax import nnx
 from .attention import TreeMask, attend
 from .cache import KVCache
 from .config import ModelConfig
+from .fixed_order import tree_mean
 from .quant import project, quantize, weight_axes
 from .rope import frequencies, rotary
 
@@ -105,15 +106,30 @@ def params_lm_head(config: ModelConfig, params: dict, hidden):
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float, dtype):
+    """`fixed`: the mean as a fixed-order sum (models/fixed_order.py), whose bits for a row do
+    not depend on how many rows run with it (the bfloat16 and int8 weight formats)."""
+
+    def __init__(self, dim: int, eps: float, dtype, fixed: bool = False):
         self.scale = nnx.Param(jnp.ones((dim,), dtype))
         self.eps = eps
+        self.fixed = fixed
 
     def __call__(self, x):  # [..., D]
         # Normalise in float32 whatever the parameter dtype, as HF does.
         x32 = x.astype(jnp.float32)
-        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        x32 = x32 * jax.lax.rsqrt(mean_square(x32, self.fixed) + self.eps)
         return (x32 * self.scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def mean_square(x32, fixed: bool):
+    """mean(x * x) over the last axis, keepdims; `fixed`: in a fixed order (see RMSNorm)."""
+    return tree_mean(x32 * x32, axis=-1, keepdims=True) if fixed else jnp.mean(x32 * x32, axis=-1, keepdims=True)
+
+
+def fixed_order(config: ModelConfig) -> bool:
+    """Whether a model's row sums run in a fixed order (models/fixed_order.py): in the bfloat16
+    and int8 formats, whose promise is a row's logits independent of the verify width."""
+    return config.weights != "float32"
 
 
 class Attention(nnx.Module):
@@ -155,7 +171,8 @@ class Attention(nnx.Module):
             # attend divides scores by sqrt(d_head); Gemma divides them by sqrt(query_pre_attn_scalar).
             q = q * jnp.asarray((cfg.resolved_head_dim / cfg.query_pre_attn_scalar) ** 0.5, q.dtype)
         window, softcap = cfg.layer_window(layer), cfg.attn_logit_softcapping
-        out, cache = attend(q, k, v, positions, cache, layer, tree, window=window, softcap=softcap)
+        fixed = fixed_order(cfg)
+        out, cache = attend(q, k, v, positions, cache, layer, tree, window=window, softcap=softcap, fixed=fixed)
         out = _project(self, "o_proj", out)  # [B, T, D]
         if cfg.o_proj_bias:
             out = out + self.o_bias[...]
@@ -302,14 +319,17 @@ class Llama(nnx.Module):
     def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
         dtype = jnp.dtype(config.dtype)
         _matrix(self, "embed", rngs.params(), (config.vocab_size, config.hidden_size), dtype, config)
-        attention = functools.partial(Attention, qk_norm=self.qk_norm)
+        fixed = fixed_order(config)
+        norm = functools.partial(self.norm, fixed=fixed)
+        qk_norm = None if self.qk_norm is None else functools.partial(self.qk_norm, fixed=fixed)
+        attention = functools.partial(Attention, qk_norm=qk_norm)
         self.layers = nnx.List(
             [
-                Block(config, dtype, rngs, norm=self.norm, attention=attention, mlp=self.mlp, sandwich=self.sandwich)
+                Block(config, dtype, rngs, norm=norm, attention=attention, mlp=self.mlp, sandwich=self.sandwich)
                 for _ in range(config.num_hidden_layers)
             ]
         )
-        self.final_norm = self.norm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.final_norm = norm(config.hidden_size, config.rms_norm_eps, dtype)
         if not config.tie_word_embeddings:
             _matrix(self, "lm_head", rngs.params(), (config.hidden_size, config.vocab_size), dtype, config)
         self.config = config

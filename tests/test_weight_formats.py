@@ -228,3 +228,35 @@ def test_a_head_drafts_as_well_for_the_int8_target(stdlib_pair, head):
         accepted[name] = out.stats.accepted_tokens / out.stats.drafted_tokens
     assert accepted["float32"] > 0.3, accepted  # a trained head: the comparison means something
     assert accepted["int8"] > 0.7 * accepted["float32"], accepted
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8"])
+def test_a_positions_logits_are_the_same_bits_at_every_verify_width(stdlib_pair, fmt):
+    """What makes greedy speculation equal plain greedy in these formats by construction, not
+    by luck: the logits of a position are bitwise the same whether it is decoded alone (a
+    plain step, one row), verified among K + 1 tokens at any index, or decoded beside other
+    sequences. XLA:CPU sums a row's softmax and norm in an order that depends on the row count
+    (models/fixed_order.py); before the fixed-order sums, int8 at width 8 differed here."""
+    target, _, _ = stdlib_pair
+    model = with_weights(target, fmt)
+    cfg = model.config
+    tokens = np.random.default_rng(0).integers(3, 250, size=(3, 68)).astype(np.int32)  # 60 + 8 per sequence
+
+    @jax.jit
+    def run(tokens, start, cache):  # tokens [B, T] at positions start.. -> (logits [B, T, V], cache)
+        positions = start + jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+        return specjax.models.forward(cfg, model.params, tokens, positions, cache)
+
+    def prefilled(rows):
+        return run(tokens[rows, :60], 0, specjax.models.init_cache(cfg, len(rows), 128))[1]
+
+    plain, cache = [], prefilled([0, 1, 2])  # plain decoding: one token a step, batch 3
+    for p in range(60, 68):
+        logits, cache = run(tokens[:, p : p + 1], p, cache)
+        plain.append(np.asarray(logits[:, 0]))  # [3, V]
+    plain = np.stack(plain, axis=1)  # [3, 8, V]
+    for width in (2, 5, 8):  # verifies: position 60 + j at index j
+        verified = np.asarray(run(tokens[:, 60 : 60 + width], 60, prefilled([0, 1, 2]))[0])
+        np.testing.assert_array_equal(verified, plain[:, :width], err_msg=f"verify width {width}")
+    alone = np.asarray(run(tokens[1:2, 60:65], 60, prefilled([1]))[0])  # the middle sequence at batch 1
+    np.testing.assert_array_equal(alone[0], plain[1, :5])
