@@ -19,9 +19,10 @@ SmolLM2-135M shapes), and the row count also picks *which* kernel sums a row, in
 (scripts/width_classes.py, results/width_classes: float32 {1} {2+}; bfloat16 with float32
 accumulation {1} {2} {3+}; int8 one class). So a product with fewer rows than MIN_ROWS runs
 with zero rows added and is sliced back: a plain step (one row per sequence) then runs the
-verify's kernel, fast, and a bfloat16 row's logits are the same bits whether it is decoded
-alone or verified among K + 1 (greedy speculation equals plain). float32 is not padded: its
-one-row kernel is its fastest (its exactness is tested, not built in).
+verify's kernel, fast, and a row's products are the same bits whether it is decoded alone
+or verified among K + 1 (with models/fixed_order.py's sums, its logits too: greedy
+speculation equals plain). float32 is not padded: its one-row kernel is its fastest (its
+exactness is tested, not built in).
 """
 
 from __future__ import annotations

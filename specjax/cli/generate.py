@@ -130,9 +130,9 @@ def add_generate(subparsers) -> argparse.ArgumentParser:
         help="weight format of the target and of a draft model, applied at load time: float32 (the params as "
         "loaded; exact against transformers), bfloat16 (matrices in bfloat16, float32 accumulation), int8 "
         "(matrices int8 with a float32 scale per output channel, activations quantised to int8 per token, int32 "
-        "accumulation, exact whatever the verify width). Greedy speculative output equals plain greedy output of "
-        "the same format (tested; see docs/cli.md for the rare near-tie). The formats' outputs differ from each "
-        "other (bfloat16 and int8 trade quality for speed). Heads run on float32 and bfloat16 targets",
+        "accumulation). In bfloat16 and int8, greedy speculative output equals plain greedy output of the same "
+        "format by construction (fixed-order sums, docs/cli.md); in float32 in every test, barring a near-tie. "
+        "The formats' outputs differ from each other: bfloat16 stays close to float32, int8 less so",
     )
     p.add_argument(
         "--mesh",

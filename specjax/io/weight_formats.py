@@ -8,11 +8,12 @@
             accumulation. A row's products depend on that row alone, whatever the batch or
             the verify width.
 
-int8 products are exact integer sums, the same for a row whatever the number of rows; float32
-and bfloat16 products (and attention and norms, float32 in every format) may round a row
-differently at another width (XLA:CPU's kernels do at SmolLM2's shapes), as float32 always
-could. Formats change outputs against float32 (their quality cost), so a format is always
-the user's choice.
+In bfloat16 and int8 a position's logits are the same bits at any verify width, batch or cache
+length (models/quant.py pads products to MIN_ROWS, models/fixed_order.py sums rows in a fixed
+order, models/cache.py rounds the cache to whole attention blocks), so greedy speculative
+output equals plain greedy output by construction. float32 keeps XLA's own kernels, its
+fastest, exact in every test barring a near-tie. Formats change outputs against float32
+(their quality cost), so a format is always the user's choice.
 """
 
 from __future__ import annotations
