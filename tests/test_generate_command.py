@@ -99,3 +99,14 @@ def test_decoding_after_compile_compiles_nothing(target, noisy_draft):
     compiled = _guard["compiles"]  # XLA compiles so far (runtime.py counts them)
     prepared.collect(prepared.decode(chunk_rounds=1))  # several chunks: every state they present
     assert _guard["compiles"] == compiled
+
+
+def test_a_drafter_mappings_round_settings_are_honoured(capsys):
+    """--drafter's mapping may say how rounds run (rule, adaptive, tree), not only which
+    drafter: they were parsed and then dropped. The JSON settings say what ran."""
+    mapping = "{method: prompt_lookup, rule: block_verification, adaptive: {costs: {0: 1.0, 1: 1.3, 2: 1.5, 3: 1.8}}}"
+    assert main([*ARGS, "--drafter", mapping, "--temperature", "1.0", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["settings"]["rule"] == "block_verification_rule", record["settings"]
+    assert record["settings"]["adaptive"] is True
+    assert record["stats"]["adaptive"], record["stats"]  # the adaptive policy ran: it records its choices

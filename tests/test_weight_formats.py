@@ -260,3 +260,14 @@ def test_a_positions_logits_are_the_same_bits_at_every_verify_width(stdlib_pair,
         np.testing.assert_array_equal(verified, plain[:, :width], err_msg=f"verify width {width}")
     alone = np.asarray(run(tokens[1:2, 60:65], 60, prefilled([1]))[0])  # the middle sequence at batch 1
     np.testing.assert_array_equal(alone[0], plain[1, :5])
+
+
+def test_the_cost_model_counts_a_formats_bytes(target):
+    """Roofline and cost-model byte counts read the stored dtype: an int8 weight is 1 byte."""
+    from specjax.bench.cost_model import matmul_bytes, matmul_parameters
+
+    n = matmul_parameters(target)
+    assert matmul_bytes(target) == 4 * n
+    assert matmul_parameters(with_weights(target, "int8")) == n  # the scales are no matrices
+    assert n < matmul_bytes(with_weights(target, "int8")) < 1.1 * n  # norms and biases stay float32
+    assert 2 * n < matmul_bytes(with_weights(target, "bfloat16")) < 2.2 * n

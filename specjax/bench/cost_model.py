@@ -28,17 +28,27 @@ from specjax.runtime import bound_live_programs
 _LOOKUP_TABLES = ("embed", "position_embed")
 
 
-def _itemsize(config: ModelConfig) -> int:
-    return jnp.dtype(config.dtype).itemsize
+def _matrices(model: Model) -> list[tuple[str, jax.Array]]:
+    """(top-level name, leaf) of every matrix a forward multiplies by: all params but lookup
+    tables and an int8 format's scales (models/quant.py), plus a tied LM head (the embedding)."""
+    out = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(model.params)[0]:
+        keys = [str(getattr(k, "key", k)) for k in path]
+        if keys[0] not in _LOOKUP_TABLES and not keys[-1].endswith("_scale"):
+            out.append((keys[0], leaf))
+    if "lm_head" not in model.params:  # tied: the embedding table is the output projection
+        out.append(("embed", model.params["embed"]))
+    return out
 
 
 def matmul_parameters(model: Model) -> int:
     """Parameters a forward multiplies by: all but lookup tables, plus a tied LM head."""
-    sizes = {name: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(sub)) for name, sub in model.params.items()}
-    total = sum(size for name, size in sizes.items() if name not in _LOOKUP_TABLES)
-    if "lm_head" not in sizes:  # tied: the embedding table is the output projection
-        total += model.config.vocab_size * model.config.hidden_size
-    return total
+    return sum(int(np.prod(x.shape)) for _, x in _matrices(model))
+
+
+def matmul_bytes(model: Model) -> int:
+    """Bytes of those parameters as stored (a weight format's: 1 per int8 weight, 2 per bfloat16)."""
+    return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for _, x in _matrices(model))
 
 
 def kv_cache_bytes(config: ModelConfig, batch: int, context: int, dtype: str | None = None) -> int:
@@ -60,7 +70,7 @@ def forward_estimate(model: Model, batch: int, width: int, context: int) -> dict
     """
     config = model.config
     tokens = batch * width
-    weight_bytes = matmul_parameters(model) * _itemsize(config)
+    weight_bytes = matmul_bytes(model)
     kv_bytes = kv_cache_bytes(config, batch, context)
     # 2 FLOPs per multiply-add; attention: q.k and p.v over `context` slots for every head.
     attention = 4 * config.num_hidden_layers * tokens * context * config.num_attention_heads * config.resolved_head_dim

@@ -191,7 +191,7 @@ def default_draft_for(target: str) -> str:
     return pairs[target]
 
 
-def settings(args, draft, tree) -> dict:
+def settings(args, draft, speculative) -> dict:
     """How the run was made, for --json: enough to trace a saved result back to its command."""
     from specjax.bench.timing import environment
 
@@ -200,9 +200,10 @@ def settings(args, draft, tree) -> dict:
         "target": args.target,
         "drafter": None if args.plain else (args.drafter or default_draft_for(args.target)),
         "drafter_kind": None if draft is None else getattr(draft, "name", "draft_model"),
-        "num_speculative_tokens": None if args.plain or tree is not None else args.num_speculative_tokens,
-        "tree": None if tree is None else repr(tree),
-        "adaptive": bool(args.adaptive and not args.plain),
+        "num_speculative_tokens": None if args.plain or speculative.tree is not None else args.num_speculative_tokens,
+        "tree": None if speculative.tree is None else repr(speculative.tree),
+        "adaptive": bool(speculative.adaptive) and not args.plain,
+        "rule": None if speculative.rule is None else getattr(speculative.rule, "__name__", str(speculative.rule)),
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
         "top_k": args.top_k,
@@ -256,9 +257,13 @@ def generate_command(args) -> int:
     )  # fmt: skip  (eos_token_id None: the target's, as GenerationConfig resolves it)
     # A head checks the target's weights; a draft model is loaded in the target's format.
     draft = None if named is None else load_drafter(named, target, seed=args.seed, load=_loader(args))
+    # The round's settings: the flags, else what the --drafter mapping says (tree, adaptive, rule).
     tree = None if args.tree is None or args.plain else Tree.from_spec(args.tree)
+    if tree is None and named is not None:
+        tree = named.tree
+    adaptive = _adaptive(args) or (named.adaptive if named is not None else False)
     speculative = SpeculativeConfig(num_speculative_tokens=args.num_speculative_tokens, tree=tree,
-                                    adaptive=_adaptive(args))  # fmt: skip
+                                    adaptive=adaptive, rule=None if named is None else named.rule)  # fmt: skip
     if args.mesh is not None:
         from specjax.drafters.pair_placement import shard_pair
         from specjax.parallel.mesh import mesh_from
@@ -295,7 +300,7 @@ def generate_command(args) -> int:
             "tokens": out.tokens,
             "stats": out.stats.to_dict(),
             "timing": timing,
-            "settings": settings(args, draft, tree),
+            "settings": settings(args, draft, speculative),
         }
         if comparison is not None:
             record["speedup"] = comparison
