@@ -44,8 +44,7 @@ from flax import nnx
 from . import full_forward, graphdef, init_params
 from .cache import init_cache
 from .config import ModelConfig
-from .llama import PROJECTIONS, decode
-from .quant import project
+from .llama import decode, head_product
 
 # --- EAGLE ---------------------------------------------------------------------------------
 
@@ -372,9 +371,7 @@ def target_logits(config: ModelConfig, params: dict, hidden: jax.Array) -> jax.A
     target's weight format (an int8 target's through its int8 product; others as stored)."""
     name = "embed" if config.tie_word_embeddings else "lm_head"
     if f"{name}_scale" in params:
-        rows = hidden.reshape(-1, 1, hidden.shape[-1]).astype(jnp.float32)  # [N, 1, D]: project's [B, T, D]
-        out = project(rows, params[name], params[f"{name}_scale"], PROJECTIONS[name], "int8")
-        return out.reshape(*hidden.shape[:-1], out.shape[-1])
+        return head_product(params, name, hidden.astype(jnp.float32), "int8")
     if config.tie_word_embeddings:
         return jnp.einsum("...d,vd->...v", hidden, params["embed"]).astype(jnp.float32)
     return jnp.einsum("...d,dv->...v", hidden, params["lm_head"]).astype(jnp.float32)

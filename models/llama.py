@@ -100,8 +100,13 @@ def params_lm_head(config: ModelConfig, params: dict, hidden):
     """The LM head from a params dict in the config's weight format: hidden [..., D] -> [..., V]
     (the float32 format: today's einsum over the stored dtype)."""
     name = "embed" if config.tie_word_embeddings else "lm_head"
+    return head_product(params, name, hidden, config.weights)
+
+
+def head_product(params: dict, name: str, hidden, fmt: str):
+    """hidden [..., D] through params[name] (the tied "embed" or "lm_head") in format `fmt`."""
     rows = hidden.reshape(-1, 1, hidden.shape[-1])  # [N, 1, D]: project's [B, T, D]
-    out = project(rows, params[name], params.get(f"{name}_scale"), PROJECTIONS[name], config.weights)
+    out = project(rows, params[name], params.get(f"{name}_scale"), PROJECTIONS[name], fmt)
     return out.reshape(*hidden.shape[:-1], out.shape[-1])
 
 

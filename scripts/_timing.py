@@ -8,7 +8,6 @@ a model in a weight format, and a forward of a given width timed with its cache 
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import shlex
@@ -58,24 +57,13 @@ def machine() -> dict:
     }
 
 
-def supports_weights() -> bool:
-    """Whether specjax.load_model takes weights=... (the load-time weight formats)."""
-    from specjax.io.presets import load_model
-
-    return "weights" in inspect.signature(load_model).parameters
-
-
 def load_target(name: str, weights: str = "float32", seed: int = 0):
-    """The target in a weight format; float32 is also what a specjax without formats loads."""
+    """The target in a weight format (specjax.load_model(..., weights=...))."""
     from specjax.io.presets import load_model
 
     if weights not in FORMATS:
         raise ValueError(f"--weights must be one of {', '.join(FORMATS)}, got {weights!r}")
-    if supports_weights():
-        return load_model(name, seed=seed, weights=weights)
-    if weights != "float32":
-        raise ValueError(f"weights={weights!r}: this specjax's load_model has no weight formats yet (float32 only)")
-    return load_model(name, seed=seed)
+    return load_model(name, seed=seed, weights=weights)
 
 
 def weight_bytes(model) -> dict:
@@ -152,16 +140,9 @@ def forward_call(model, width: int, context: int, cache_length: int, features=Fa
 
 def _product(fmt: str, padded: bool = True):
     """einsum(spec, x, w, scale) as the model runs it in format `fmt` (models/quant.py
-    `project`: a 1-row product padded to 2 rows); padded=False: the bare kernel, unpadded.
-    A specjax without weight formats has only float32's einsum."""
-    import jax.numpy as jnp
+    `project`: few rows padded to the format's MIN_ROWS); padded=False: the bare kernel."""
+    from specjax.models import quant
 
-    try:
-        from specjax.models import quant
-    except ImportError:
-        if fmt != "float32":
-            raise ValueError(f"weights={fmt!r}: this specjax has no weight formats (models/quant.py)") from None
-        return lambda x, w, scale, spec: jnp.einsum(spec, x, w)
     if padded or fmt == "float32":
         return lambda x, w, scale, spec: quant.project(x, w, scale, spec, fmt)
     return lambda x, w, scale, spec: quant._product(x, w, scale, spec, fmt)

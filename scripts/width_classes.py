@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _timing import machine
 
 # (name, stored dtype, accumulation dtype): the weight formats' matmuls (models/quant.py)
 FORMATS = (
@@ -75,33 +77,14 @@ def measure(max_rows: int, seed: int) -> dict:
     return out
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-rows", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="write the JSON here too")
     args = parser.parse_args()
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     record = {
-        "command": " ".join(["python", *sys.argv]),
-        "machine": {
-            "cpu": cpu_name(),
-            "avx512_bf16": "avx512_bf16" in flags,
-            "amx_bf16": "amx_bf16" in flags,
-            "devices": str(jax.devices()),
-            "jax": jax.__version__,
-        },
+        "machine": machine(),  # CPU model and flags (avx512_bf16, amx), jax, load, the command
         "classes": measure(args.max_rows, args.seed),
     }
     text = json.dumps(record, indent=1)
