@@ -6,7 +6,8 @@
   int8:     those matrices int8 with a float32 scale per output channel (the embedding: per
             vocabulary row); activations quantised per token at each product, int32
             accumulation. A row's products depend on that row alone, whatever the batch or
-            the verify width.
+            the verify width. Before quantising, SmoothQuant (specjax/io/smoothing.py,
+            `smoothing=` its alpha, None for none) moves activation outliers into the weights.
 
 In bfloat16 and int8 a position's logits are the same bits at any verify width, batch or cache
 length (models/quant.py pads products to MIN_ROWS, models/fixed_order.py sums rows in a fixed
@@ -25,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.io.model import Model, params_sha256
+from specjax.io.smoothing import ALPHA, smooth
 from specjax.models import init_params
 from specjax.models.config import WEIGHT_FORMATS
 from specjax.models.llama import PROJECTIONS
@@ -38,12 +40,14 @@ def check_weights(weights: str) -> str:
     return weights
 
 
-def with_weights(model: Model, weights: str) -> Model:
+def with_weights(model: Model, weights: str, smoothing: float | None = ALPHA, calibration=None) -> Model:
     """`model` with its matrices stored in weight format `weights` (see the module docstring).
 
     From float32 params (or params loaded in bfloat16: `dtype` becomes float32, the dtype of
     activations, norms and biases in the other formats). The same format returns `model`
-    itself; float32 from another format is refused (the rounding is gone). Raises ValueError
+    itself; float32 from another format is refused (the rounding is gone). int8 first folds
+    SmoothQuant's factors (alpha `smoothing`; None: none) into the float32 params, calibrated
+    on `calibration` token ids [B, T] (default: the text shipped with specjax). Raises ValueError
     for an unknown format, a family without the format yet (GPT-2, the MoE families) and
     params laid out over several devices (convert first, or load without a mesh).
     """
@@ -63,7 +67,10 @@ def with_weights(model: Model, weights: str) -> Model:
             f"weights={weights!r} cannot be applied to params laid out on a mesh yet: "
             "use weights='float32' with a mesh, or load without one"
         )
-    params = _convert(model.params, weights)
+    source_params = model.params
+    if weights == "int8" and smoothing is not None:
+        source_params = smooth(model, calibration, smoothing)
+    params = _convert(source_params, weights)
     _check_layout(config, params)
     # int8 changes the values and adds scales: record the float32 fingerprint for heads.
     # bfloat16 needs none: params_sha256 rounds every float to bfloat16 already.
