@@ -128,7 +128,8 @@ class SpeculativeConfig:
       "draft_model" (`model` names the draft), "parallel_draft" (a PARD draft: K proposals
       from one forward), "prompt_lookup" (n-gram matching), "layer_skip" (the target's first
       `layers` layers), "head" (a trained or published Medusa / EAGLE / EAGLE-3 / block head),
-      "fallback" (`first` where it found something, `then` elsewhere). vLLM's names are
+      "fallback" (`first` where it found something, `then` elsewhere), "suffix" (suffix
+      decoding: the row's own text and `suffix_pool`). vLLM's names are
       aliases (`registry.ALIASES`: "ngram", "eagle", "eagle3", "medusa", ...). None: read from
       `model`, which says what it is (a head directory is a head, a draft that records a mask
       token is a PARD draft, any other model a draft model).
@@ -136,7 +137,12 @@ class SpeculativeConfig:
       a ModelConfig (a draft model of that shape with random weights).
     num_speculative_tokens: K, the draft tokens per round (a tree replaces it).
     prompt_lookup_min, prompt_lookup_max, prompt_lookup_prefer: prompt lookup's n-gram sizes,
-      and which match wins ("latest" or "earliest").
+      and which match wins ("latest" or "earliest"); suffix decoding's shortest and longest
+      match (min and max only).
+    suffix_pool: earlier outputs suffix decoding may copy from: a list of token-id lists or
+      texts (tokenized by the target's tokenizer), or a .json/.jsonl file of them
+      (`specjax generate --json` and `specjax regenerate` output read as such); None: none
+      (drafters/suffix.py `pool_entries`).
     layers: layer skip's depth (None: half the target's layers).
     mask_token_id: a PARD draft's mask token (None: the one the draft records).
     catch_up, tree_candidates: a model-backed drafter's catch-up width and tree candidates
@@ -157,6 +163,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
     prompt_lookup_prefer: str | None = None
+    suffix_pool: Any = None
     layers: int | None = None
     mask_token_id: int | None = None
     catch_up: int | None = None
@@ -178,6 +185,9 @@ class SpeculativeConfig:
             raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
         if self.model is not None and not isinstance(self.model, str | ModelConfig):
             raise ValueError(f"model must be a name, a directory or a ModelConfig, got {self.model!r}")
+        if isinstance(self.suffix_pool, list):  # from YAML/JSON: a tuple keeps the spec hashable
+            pool = tuple(tuple(e) if isinstance(e, list) else e for e in self.suffix_pool)
+            object.__setattr__(self, "suffix_pool", pool)
         if not isinstance(self.allow_transfer, bool):
             raise ValueError(f"allow_transfer is true or false, got {self.allow_transfer!r}")
         aux = self.aux_layers
@@ -299,8 +309,8 @@ class SpeculativeConfig:
 
 # The fields that describe the drafter (the rest say how rounds run: K, tree, adaptive, rule).
 _DRAFTER_FIELDS = frozenset(
-    {"model", "prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_prefer", "layers", "mask_token_id",
-     "catch_up", "tree_candidates", "allow_transfer", "aux_layers", "aux_convention", "first", "then"}
+    {"model", "prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_prefer", "suffix_pool", "layers",
+     "mask_token_id", "catch_up", "tree_candidates", "allow_transfer", "aux_layers", "aux_convention", "first", "then"}
 )  # fmt: skip
 # Spellings of the drafter mappings of earlier releases (bench configs, --drafter), read as fields.
 _OLD_KEYS = {

@@ -4,6 +4,7 @@ draft_model.py    a separate draft Model
 parallel_draft.py a draft Model proposing K tokens from one forward over mask tokens (PARD)
 layer_skip.py     the target's first N layers (self-speculation)
 prompt_lookup.py  n-gram matching in the row's own prompt + output
+suffix.py         suffix decoding: the longest match's most frequent continuation, own text and a pool
 fallback.py       one drafter where it found something, another elsewhere
 medusa.py         Medusa heads on the target's own hidden states
 eagle.py          an EAGLE-style head: one layer extrapolating the target's features
@@ -31,6 +32,7 @@ from specjax.drafters.medusa import Medusa
 from specjax.drafters.parallel_draft import ParallelDraft
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.drafters.registry import REGISTRY, make_drafter, register
+from specjax.drafters.suffix import SuffixDecoding
 
 __all__ = [
     "REGISTRY",
@@ -45,6 +47,7 @@ __all__ = [
     "ParallelDraft",
     "PromptLookup",
     "Proposal",
+    "SuffixDecoding",
     "TreeProposal",
     "as_drafter",
     "load_head",

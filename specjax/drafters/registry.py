@@ -28,6 +28,7 @@ from specjax.drafters.formats.published import published_format
 from specjax.drafters.layer_skip import LayerSkip
 from specjax.drafters.parallel_draft import ParallelDraft
 from specjax.drafters.prompt_lookup import PromptLookup
+from specjax.drafters.suffix import suffix_drafter
 from specjax.io.embedded import embedded_heads, embedded_names, embedded_path
 from specjax.io.gguf_file import PACKAGED
 from specjax.io.model import Model
@@ -77,6 +78,12 @@ def _prompt_lookup(spec, build: Build) -> Drafter:
                                prefer="prompt_lookup_prefer"))  # fmt: skip
 
 
+def _suffix(spec, build: Build) -> Drafter:
+    tokenizer = getattr(build.target, "tokenizer", None)  # texts in the pool need the target's
+    return suffix_drafter(spec.suffix_pool, tokenizer,
+                          **_set(spec, max_match="prompt_lookup_max", min_match="prompt_lookup_min"))  # fmt: skip
+
+
 def _layer_skip(spec, build: Build) -> Drafter:
     args = _set(spec, layers="layers", catch_up="catch_up", tree_candidates="tree_candidates")
     if "layers" not in args:  # half the target's layers
@@ -114,6 +121,8 @@ def _head(spec, build: Build) -> Drafter:
 _MODEL_ARGS = {"catch_up", "tree_candidates"}
 register("prompt_lookup", _prompt_lookup, {"prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_prefer"},
          doc="n-gram matching in the row's own text")  # fmt: skip
+register("suffix", _suffix, {"prompt_lookup_min", "prompt_lookup_max", "suffix_pool"},
+         doc="suffix decoding: the longest match's most frequent continuation, own text and a pool")  # fmt: skip
 register("layer_skip", _layer_skip, {"layers", *_MODEL_ARGS}, doc="the target's first N layers")
 register("draft_model", _draft_model, {"model", *_MODEL_ARGS}, {"model"}, doc="a draft model")
 register("parallel_draft", _parallel_draft, {"model", "mask_token_id", *_MODEL_ARGS}, {"model"},
