@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Mapping
 
 from specjax.config import GenerationConfig, SpeculativeConfig
+from specjax.core.loop import empty_cache
 from specjax.core.state import LoopState
 from specjax.drafters import Drafter, as_drafter, make_drafter
 from specjax.engine.costs import resolve_costs
@@ -137,9 +138,10 @@ def init_state(
     batch, plan, weights = plan_generation(target, prompts, config, drafter, speculative)
     costs = resolve_costs(target, drafter, speculative, plan, batch)  # a bare state keeps only the values
     prompt, prompt_lengths, done, eos, rng = batch.loop_inputs(config.eos_token_id, config.seed, padded=False)
+    kv = None if batch.mesh is not None else empty_cache(plan.target, prompt.shape[0], batch.cache_length, plan.cache)
     return jit_init_state(
         target.params, weights, prompt, prompt_lengths, jnp.int32(config.max_new_tokens), eos, rng, plan=plan,
-        cache_length=batch.cache_length, done=done, costs=None if costs is None else costs.vector,
+        cache_length=batch.cache_length, done=done, costs=None if costs is None else costs.vector, kv=kv,
     )  # fmt: skip
 
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.core.loop import prefill, token_buffer
+from specjax.core.loop import empty_cache, prefill, token_buffer
 from specjax.core.state import LoopState, Plan
 from specjax.engine.adaptive import adaptive_round, adaptive_stats
 from specjax.engine.adaptive_policy import init_adaptive
@@ -57,16 +57,21 @@ def init_state(
     cache_length: int,
     done=None,
     costs=None,
+    kv=None,
 ) -> LoopState:
     """Prefill the target, set up the drafter, and return the state before the first round.
 
     prompt [B, T_bucket] right-padded; prompt_lengths [B]; eos_token_ids [E]. `done` [B]
     bool marks rows finished from the start (padding rows of a batch bucket); None: every
-    row generates. `costs` [n]: seconds per iteration at each adaptive K.
+    row generates. `costs` [n]: seconds per iteration at each adaptive K. `kv`: the target's
+    empty cache (core.loop.empty_cache), donated (None: made inside, which XLA:CPU fills out
+    of place: see empty_cache).
     """
     batch = prompt.shape[0]
     wants = plan.wants_features
-    filled = prefill(plan.target, target_params, prompt, prompt_lengths, cache_length, plan.cache, features=wants)
+    filled = prefill(
+        plan.target, target_params, prompt, prompt_lengths, cache_length, plan.cache, features=wants, kv=kv
+    )
     target_cache, features = filled if wants else (filled, None)  # features [B, T_bucket, D]
     state = LoopState(
         tokens=token_buffer(prompt, cache_length),
@@ -95,7 +100,7 @@ def init_state(
     return state.replace(draft_state=plan.drafter.init(draft_weights, ctx, prompt, cache_length))
 
 
-jit_init_state = jax.jit(init_state, static_argnames=("plan", "cache_length"))
+jit_init_state = jax.jit(init_state, static_argnames=("plan", "cache_length"), donate_argnames=("kv",))
 jit_round = jax.jit(loop_round, donate_argnums=2)
 
 # A chunk of rounds should take about this long: short enough that Ctrl-C (seen by Python
@@ -175,14 +180,14 @@ def decode_in_chunks(
         waited_on, last, first = queued, now, None
 
 
-@functools.partial(jax.jit, static_argnames=("plan", "cache_length"))
+@functools.partial(jax.jit, static_argnames=("plan", "cache_length"), donate_argnames=("kv",))
 def _generate(
-    target_params, draft_weights, prompt, prompt_lengths, done, max_new_tokens, eos_token_ids, rng, costs, plan,
+    target_params, draft_weights, prompt, prompt_lengths, done, max_new_tokens, eos_token_ids, rng, costs, kv, plan,
     cache_length,
 ):  # fmt: skip
     state = init_state(
         target_params, draft_weights, prompt, prompt_lengths, max_new_tokens, eos_token_ids, rng, plan, cache_length,
-        done, costs,
+        done, costs, kv,
     )  # fmt: skip
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: loop_round(target_params, draft_weights, s), state)
 
@@ -224,21 +229,32 @@ def state_output(state: LoopState, num_rows: int | None = None) -> GenerationOut
     return dataclasses.replace(out, stats=stats)
 
 
+def target_cache_buffer(plan: Plan, batch: PromptBatch):
+    """The target's empty cache, donated to the call that fills it (core.loop.empty_cache);
+    None on a mesh, where the prefill lays its own cache out over the devices."""
+    if batch.mesh is not None:
+        return None
+    return empty_cache(plan.target, batch.bucket_rows, batch.cache_length, plan.cache)
+
+
 def prepared_generation(
     target, batch: PromptBatch, plan: Plan, weights, costs, max_new_tokens: int, eos_token_id, seed: int
 ) -> PreparedGeneration:
     """A planned call, ready to launch or run (repeatedly, for n <= max_new_tokens new tokens)."""
     prompt, prompt_lengths, done, eos, rng = batch.loop_inputs(eos_token_id, seed)
 
+    def kv():
+        return target_cache_buffer(plan, batch)
+
     def launch(n: int) -> LoopState:
         return _generate(
-            target.params, weights, prompt, prompt_lengths, done, jnp.int32(n), eos, rng, costs, plan=plan,
+            target.params, weights, prompt, prompt_lengths, done, jnp.int32(n), eos, rng, costs, kv(), plan=plan,
             cache_length=batch.cache_length,
         )  # fmt: skip
 
     def start_args(n: int) -> tuple[tuple, dict]:
         args = (target.params, weights, prompt, prompt_lengths, jnp.int32(n), eos, rng)
-        return args, dict(plan=plan, cache_length=batch.cache_length, done=done, costs=costs)
+        return args, dict(plan=plan, cache_length=batch.cache_length, done=done, costs=costs, kv=kv())
 
     pace: dict = {}  # {"round_seconds": ...} once timed: sizes the next decode's first chunk
 
