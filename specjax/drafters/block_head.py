@@ -16,8 +16,11 @@ plain steps commit tokens whose states arrive one at a time; a lagging cache is 
 in chunks first, as EAGLE's is.
 
 Proposal i is drawn from output i alone, so q[:, i] is exactly its distribution and
-speculative sampling stays exact; a tree is the Cartesian product of the per-position
-top-k (or i.i.d. draws), as for Medusa and ParallelDraft.
+speculative sampling stays exact. Trees (DDTree / JetSpec): the same one forward, of depth
+outputs, drafts every node; a node at depth d takes its candidates from output d, whatever
+its parent (the Cartesian tree, as for Medusa and ParallelDraft): the top-ranked tokens
+(greedy, or tree_candidates="top": q = None) or i.i.d. draws recorded in q at the parent
+("sample"). Shapes: drafters/block_trees.py (spine paths; the confidences DDTree reads).
 """
 
 from __future__ import annotations

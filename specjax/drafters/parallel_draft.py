@@ -19,8 +19,11 @@ visible. After a round the cache lags the committed sequence by the accepted tok
 the bonus, at most K + 1: the catch-up is that wide, so one forward suffices (`resync`
 repairs any longer lag, after adaptive speculation's plain steps).
 
-Trees: depth d takes block output d's candidates whatever the parent, Medusa's Cartesian
-trees (`cartesian_tree`): one forward of W + depth - 1 tokens drafts every node.
+Trees (DDTree / JetSpec): depth d takes block output d's candidates whatever the parent,
+Medusa's Cartesian trees (`cartesian_tree`): one forward of W + depth - 1 tokens drafts
+every node. Top-ranked candidates (greedy, or tree_candidates="top") are a deterministic
+proposal (q = None); i.i.d. draws ("sample") record output d's distribution at their parent.
+Shapes: drafters/block_trees.py (spine paths; the confidences DDTree reads).
 """
 
 from __future__ import annotations
