@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import Any
 
 import numpy as np
 
@@ -57,13 +58,15 @@ class Workload:
     max_new_tokens: int
     seed: int = 0
     cache_config: CacheConfig | None = None  # the KV-cache layout of every generation (None: default)
+    # label -> the acceptance rule its spec names (SpeculativeConfig.rule); absent: the default rule
+    rules: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def category_names(self) -> list[str]:
         return list(dict.fromkeys(self.categories))
 
-    def with_drafters(self, drafters: dict[str, Drafter]) -> Workload:
-        return dataclasses.replace(self, drafters={**self.drafters, **drafters})
+    def with_drafters(self, drafters: dict[str, Drafter], rules: dict[str, Any] | None = None) -> Workload:
+        return dataclasses.replace(self, drafters={**self.drafters, **drafters}, rules={**self.rules, **(rules or {})})
 
     def prompts_of(self, category: str) -> list[list[int]]:
         return [p for p, c in zip(self.prompts, self.categories, strict=True) if category in (c, POOLED)]
@@ -83,7 +86,11 @@ class Workload:
     def prepare(self, spec: RunSpec, prompts: list[list[int]]) -> PreparedGeneration:
         if spec.method == "plain":
             return prepare(self.target, prompts, self.config(spec))
-        speculative = SpeculativeConfig(num_speculative_tokens=spec.num_speculative_tokens, adaptive=spec.adaptive)
+        speculative = SpeculativeConfig(
+            num_speculative_tokens=spec.num_speculative_tokens,
+            adaptive=spec.adaptive,
+            rule=self.rules.get(spec.drafter),
+        )
         return prepare(
             self.target, prompts, self.config(spec), draft=self.drafters[spec.drafter], speculative=speculative
         )

@@ -93,7 +93,9 @@ def run(ctx: BenchContext) -> dict:
     k, batch, temperatures = cfg.num_speculative_tokens, cfg.batch_size, cfg.temperatures
     drafters = ctx.method_drafters  # label -> drafter, in config order
     specs = [RunSpec("speculative", batch, k, t, name) for t in temperatures for name in drafters]
-    rows = ctx.measure(specs, "E8 methods", ctx.workload.with_drafters(drafters))
+    # A method's spec may name its acceptance rule (e.g. `rule: block_verification`).
+    rules = {m.name: m.draft.rule for m in cfg.drafters if m.draft is not None and m.draft.rule is not None}
+    rows = ctx.measure(specs, "E8 methods", ctx.workload.with_drafters(drafters, rules))
 
     # Every round and every proposal (and the plain step) in one round-robin.
     context = ctx.cache_length(k)
