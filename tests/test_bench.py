@@ -414,3 +414,26 @@ def test_bench_cli_rejects_a_misspelt_key(tmp_path, capsys):
     config.write_text("k_sweep: {kss: [1]}\n")
     assert main(["bench", "--config", str(config), "--out", str(tmp_path / "out")]) == 2
     assert "unknown config key k_sweep.kss" in capsys.readouterr().err
+
+
+def test_measured_calls_compile_nothing_while_timed(monkeypatch, target, noisy_draft):
+    """The warm-up ran `run()` (prefill + chunked rounds) while the clock timed `launch()`
+    (one program): the first timed launch of every shape compiled, and a median of two
+    repeats was half a compile (int8 SmolLM2: 231 ms per step instead of 22)."""
+    from specjax.bench import measure
+    from specjax.bench.measure import RunSpec, Workload
+
+    compiles = []
+
+    def timed(fn):
+        before = compiled_programs()
+        jax.block_until_ready(fn())
+        compiles.append(compiled_programs() - before)
+        return 1.0
+
+    monkeypatch.setattr(measure, "timed", timed)
+    jax.clear_caches()  # so that programs compiled by earlier tests do not hide a compile
+    work = Workload(target, {"d": noisy_draft}, [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12]], ["a", "b"], 3)
+    specs = [RunSpec("speculative", 1, 2, 0.0, "d")]
+    measure.measure(work, specs, repeats=1, warmup=1, tpot_target_ms=100.0)
+    assert compiles and compiles == [0] * len(compiles), compiles
