@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import TARGET_CONFIG
+from test_weight_formats import FAMILY_CONFIGS
 
 import specjax
 from specjax.io.model import logits
@@ -30,17 +31,7 @@ def _outlier_model(config) -> specjax.Model:
     return specjax.Model(config, params)
 
 
-@pytest.mark.parametrize(
-    "config",
-    [
-        TARGET_CONFIG,
-        TARGET_CONFIG.replace(tie_word_embeddings=True, attention_bias=True, model_type="qwen2"),
-        TARGET_CONFIG.replace(
-            model_type="gemma3_text", tie_word_embeddings=True, query_pre_attn_scalar=8.0, rope_local_base_freq=1e4
-        ),
-    ],
-    ids=["llama", "qwen2-bias", "gemma3-norm"],
-)
+@pytest.mark.parametrize("config", FAMILY_CONFIGS.values(), ids=FAMILY_CONFIGS.keys())
 def test_smoothing_moves_scale_between_operations_without_changing_the_function(config):
     """Each fold (norm -> q/k/v, norm -> gate/up, v -> o, up -> down) must divide exactly what
     it multiplies: a wrong axis, a missed bias or Gemma's (1 + w) norm taken as w changes the
