@@ -80,6 +80,54 @@ def _module(config: ModelConfig, params: dict, target_params: dict):
     return nnx.merge(graphdef(config), merged)
 
 
+def block_head_states(
+    config: ModelConfig,
+    params: dict,
+    target_params: dict,
+    states,
+    context_positions,
+    tokens,
+    positions,
+    cache,
+    mask: BlockMask | TreeMask,
+):
+    """One pass of the head's layers -> (h [B, T, D] before the final norm, cache); the
+    logits are `block_logits_of(h)` (DSpark adds its Markov term to h first).
+
+    states [B, C, n * D]: the target's block outputs at context_positions [B, C], whose K/V
+    every layer writes at slot = position (slots past the cache end are dropped) before its
+    block attends; tokens, positions [B, T]: the block(s), attending by `mask`.
+    """
+    # The context first: a block query of every layer reads the context's K/V of that layer.
+    cache = write_context(config, params, target_params, states, context_positions, cache)
+    module = _module(config, params, target_params)
+    x = target_embedding(target_params, tokens, states.dtype)  # [B, T, D]
+    for layer, block in enumerate(module.layers):
+        h, cache = block.attn(block.input_norm(x), positions, cache, layer, mask)
+        x = x + h
+        x = x + block.mlp(block.post_attention_norm(x))
+    return x, cache
+
+
+def final_state(config: ModelConfig, params: dict, target_params: dict, hidden):
+    """The head's final norm on states [.., D] (what its LM head reads)."""
+    return _module(config, params, target_params).final_norm(hidden)
+
+
+def head_logits(config: ModelConfig, params: dict, target_params: dict, normed):
+    """The head's LM head on normed states [.., D] -> float32 logits [.., V] over the target
+    vocabulary (a draft vocabulary's scattered in, -inf elsewhere, with params["d2t"])."""
+    if "lm_head" in params:
+        logits = jnp.einsum("...d,dv->...v", normed, params["lm_head"].astype(normed.dtype)).astype(jnp.float32)
+        return to_target_vocab(logits, params.get("d2t"), config.vocab_size)
+    return target_logits(config, target_params, normed)
+
+
+def block_logits_of(config: ModelConfig, params: dict, target_params: dict, hidden):
+    """The block head's logits [.., V] of its states hidden [.., D] (block_head_states')."""
+    return head_logits(config, params, target_params, final_state(config, params, target_params, hidden))
+
+
 def block_head_forward(
     config: ModelConfig,
     params: dict,
@@ -91,24 +139,7 @@ def block_head_forward(
     cache,
     mask: BlockMask | TreeMask,
 ):
-    """One pass of the head -> (logits [B, T, V] float32, cache).
-
-    states [B, C, n * D]: the target's block outputs at context_positions [B, C], whose K/V
-    every layer writes at slot = position (slots past the cache end are dropped) before its
-    block attends; tokens, positions [B, T]: the block(s), attending by `mask`. Logits are
-    over the target vocabulary whatever the LM head (a draft vocabulary's are scattered into
-    it, -inf elsewhere, with params["d2t"] as EAGLE-3's).
-    """
-    # The context first: a block query of every layer reads the context's K/V of that layer.
-    cache = write_context(config, params, target_params, states, context_positions, cache)
-    module = _module(config, params, target_params)
-    x = target_embedding(target_params, tokens, states.dtype)  # [B, T, D]
-    for layer, block in enumerate(module.layers):
-        h, cache = block.attn(block.input_norm(x), positions, cache, layer, mask)
-        x = x + h
-        x = x + block.mlp(block.post_attention_norm(x))
-    normed = module.final_norm(x)
-    if "lm_head" in params:
-        logits = jnp.einsum("btd,dv->btv", normed, params["lm_head"].astype(normed.dtype)).astype(jnp.float32)
-        return to_target_vocab(logits, params.get("d2t"), config.vocab_size), cache
-    return target_logits(config, target_params, normed), cache
+    """`block_head_states` then the final norm and LM head -> (logits [B, T, V], cache)."""
+    args = (states, context_positions, tokens, positions, cache, mask)
+    hidden, cache = block_head_states(config, params, target_params, *args)
+    return block_logits_of(config, params, target_params, hidden), cache

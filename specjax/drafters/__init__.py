@@ -9,6 +9,8 @@ fallback.py       one drafter where it found something, another elsewhere
 medusa.py         Medusa heads on the target's own hidden states
 eagle.py          an EAGLE-style head: one layer extrapolating the target's features
 block_head.py     a DFlash-style block head: K proposals from one non-causal pass over target states
+dspark.py         DSpark: a block head plus a low-rank Markov head (each draft reads the one before) and a
+                  confidence head (Proposal.confidence)
 formats/          head files: specjax's own (`save_drafter`, `load_head`, checked against their target)
                   and the layouts others publish (EAGLE, EAGLE-3, Medusa, speculators), read and written
 proposing.py      from distributions to proposals: draw, chains, one-pass blocks, tree expansion
@@ -24,6 +26,7 @@ from specjax.drafters.base import DraftContext, Drafter, Proposal, TreeProposal
 from specjax.drafters.block_head import BlockHead
 from specjax.drafters.convert import as_drafter
 from specjax.drafters.draft_model import DraftModel
+from specjax.drafters.dspark import DSpark
 from specjax.drafters.eagle import Eagle
 from specjax.drafters.fallback import Fallback
 from specjax.drafters.formats.native import load_head, save_drafter, target_fingerprint
@@ -37,6 +40,7 @@ from specjax.drafters.suffix import SuffixDecoding
 __all__ = [
     "REGISTRY",
     "BlockHead",
+    "DSpark",
     "DraftContext",
     "DraftModel",
     "Drafter",

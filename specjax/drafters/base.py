@@ -68,6 +68,10 @@ class Proposal:
     tokens: jax.Array  # [B, K] int32
     q: jax.Array | None  # [B, K, V] float32 draft probabilities, or None: deterministic (one-hot)
     found: jax.Array | None = None  # [B] bool: rows with a real proposal (None: every row)
+    # [B, K] float32: the drafter's own estimate that draft i survives verification given
+    # drafts < i did (DSpark's confidence head); None: the drafter has none. It may steer how
+    # much of the block is verified, never what is accepted (that would bias the output).
+    confidence: jax.Array | None = None
 
 
 @struct.dataclass

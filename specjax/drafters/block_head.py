@@ -43,7 +43,7 @@ from specjax.drafters.common import (
     store_verified,
 )
 from specjax.models import BlockMask, KVCache, ModelConfig, feature_layers, init_cache
-from specjax.models.block_net import block_head_forward, write_context
+from specjax.models.block_net import block_head_states, block_logits_of, write_context
 
 
 @struct.dataclass
@@ -134,6 +134,13 @@ class BlockHead(HoldsWeights, CatchesUp, BlockProposals):
     def block_logits(self, weights, state: BlockHeadState, ctx: DraftContext, drafts: int):
         """The one head forward of a round: (logits [B, drafts, V], state); output i is the
         distribution of the token at position lengths + i."""
+        hidden, state = self.block_states(weights, state, ctx, drafts)  # [B, drafts, D]
+        return block_logits_of(self.config, weights, ctx.target_params, hidden), state
+
+    def block_states(self, weights, state: BlockHeadState, ctx: DraftContext, drafts: int):
+        """The round's one pass of the head's layers: (h [B, drafts, D] before the final norm,
+        state); h[:, i] is output i's state for the token at lengths + i (DSpark adds its
+        Markov term to it before the LM head)."""
         lengths = ctx.lengths  # [B] L
         w = max(self.catch_up, drafts + 1)
         last = jnp.maximum(lengths - 2, 0)[:, None]  # the last position with a target state
@@ -156,11 +163,11 @@ class BlockHead(HoldsWeights, CatchesUp, BlockProposals):
         tokens = jnp.concatenate([anchor, jnp.full((lengths.shape[0], drafts), self.mask_token_id, jnp.int32)], 1)
         states = jnp.take_along_axis(state.features, committed[:, :, None], axis=1)  # [B, W, n * D]
         mask = BlockMask(start=lengths - 1, slots=block, width=drafts + 1, mode="bidirectional")
-        logits, cache = block_head_forward(
+        hidden, cache = block_head_states(
             self.config, weights, ctx.target_params, states, committed, tokens, block, cache, mask
         )
         cache = cache.replace(lengths=jnp.maximum(lengths - 1, 0))  # the block's slots hold no context
-        return logits[:, 1:], state.replace(cache=cache)  # [B, drafts, V]: the masks' outputs
+        return hidden[:, 1:], state.replace(cache=cache)  # [B, drafts, D]: the masks' states
 
     # propose and propose_tree come from BlockProposals: one block_logits per round.
     # update_tree keeps the default (update, no K/V moved): tree nodes never enter this cache.

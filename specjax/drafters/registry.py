@@ -130,9 +130,16 @@ register("parallel_draft", _parallel_draft, {"model", "mask_token_id", *_MODEL_A
 register("fallback", lambda spec, b: Fallback(b.make(spec.first), b.make(spec.then)), {"first", "then"},
          {"first", "then"}, doc="`first` where it found something, `then` elsewhere")  # fmt: skip
 register("head", _head, {"model", "allow_transfer", "aux_layers", "aux_convention"}, {"model"},
-         doc="a trained or published head (Medusa, EAGLE, EAGLE-3, block heads, speculators)")  # fmt: skip
+         doc="a trained or published head (Medusa, EAGLE, EAGLE-3, block heads, DSpark, speculators)")  # fmt: skip
 # vLLM's method names (and the spellings of earlier releases) for the registered kinds.
-ALIASES = {"ngram": "prompt_lookup", "medusa": "head", "eagle": "head", "eagle3": "head", "block_head": "head"}
+ALIASES = {
+    "ngram": "prompt_lookup",
+    "medusa": "head",
+    "eagle": "head",
+    "eagle3": "head",
+    "block_head": "head",
+    "dspark": "head",  # a DSpark head saved by train-head (kind: dspark): drafter.json says which
+}
 
 
 def canonical(method: str) -> str:

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from specjax.drafters.block_head import BlockHead
 from specjax.models import ModelConfig, TreeMask, feature_layers, full_forward, init_cache
-from specjax.models.block_net import block_head_forward, init_block_head_params
+from specjax.models.block_net import block_head_states, block_logits_of, init_block_head_params
 from specjax.models.config import LLAMA_FAMILY
 from specjax.models.heads import head_config
 
@@ -96,7 +96,15 @@ def draw_anchors(tokens, mask, block_size: int, anchors: int):
 
 
 def packed_blocks(config: ModelConfig, params, target_params, states, tokens, anchors, k: int, mask_token_id: int):
-    """The head's guesses for G blocks per row in one forward -> logits [B, G, K, V].
+    """The head's guesses for G blocks per row in one forward -> logits [B, G, K, V]
+    (`packed_states` then the head's final norm and LM head)."""
+    hidden = packed_states(config, params, target_params, states, tokens, anchors, k, mask_token_id)
+    return block_logits_of(config, params, target_params, hidden)
+
+
+def packed_states(config: ModelConfig, params, target_params, states, tokens, anchors, k: int, mask_token_id: int):
+    """The head's states for G blocks per row in one forward -> h [B, G, K, D] (before the
+    final norm: DSpark adds its Markov term there).
 
     states [B, T, n * D]: the target's block outputs over tokens [B, T]; anchors [B, G]:
     block g is [token a_g, MASK x K] at positions a_g .. a_g + K and sees the context below
@@ -119,8 +127,8 @@ def packed_blocks(config: ModelConfig, params, target_params, states, tokens, an
     # fori_loop has traced bounds, which reverse-mode differentiation cannot go through).
     cache = init_cache(config, b, t + g * (k + 1), block_size=t + g * (k + 1))
     context = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    logits, _ = block_head_forward(config, params, target_params, states, context, block, positions, cache, tree)
-    return logits.reshape(b, g, k + 1, -1)[:, :, 1:]  # [B, G, K, V]: the masks' guesses
+    hidden, _ = block_head_states(config, params, target_params, states, context, block, positions, cache, tree)
+    return hidden.reshape(b, g, k + 1, -1)[:, :, 1:]  # [B, G, K, D]: the masks' states
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,18 +154,32 @@ class BlockLoss:
         at = (anchors[:, :, None] + offsets[:-1]).reshape(b, g * k)  # [B, G K]
         teacher = jax.nn.log_softmax(jnp.take_along_axis(logits, at[:, :, None], axis=1), axis=-1)
         teacher = teacher.reshape(b, g, k, -1)  # [B, G, K, V]
-        student = jax.nn.log_softmax(head, axis=-1)
-        kl = jnp.sum(jnp.exp(teacher) * (teacher - jnp.where(jnp.isfinite(student), student, -1e9)), axis=-1)
-        scored = usable[:, :, None].astype(kl.dtype)  # [B, G, 1]
-        if mask is not None:
-            scored = scored * jnp.take_along_axis(mask, at, axis=1).reshape(b, g, k).astype(kl.dtype)
-        scored = jnp.broadcast_to(scored, kl.shape)  # [B, G, K]
-        decay = jnp.asarray(self.block.position_decay, kl.dtype) ** jnp.arange(k, dtype=kl.dtype)
-        weights = scored * decay
+        kl = guess_kl(teacher, head)  # [B, G, K]
+        scored, weights = guess_weights(usable, mask, at, k, self.block.position_decay)
         loss = jnp.sum(kl * weights) / jnp.maximum(jnp.sum(weights), 1e-6)
         count = jnp.maximum(jnp.sum(scored, axis=(0, 1)), 1.0)  # [K]
         agree = (jnp.argmax(head, axis=-1) == jnp.argmax(teacher, axis=-1)).astype(kl.dtype)
         return loss, (jnp.sum(kl * scored, axis=(0, 1)) / count, jnp.sum(agree * scored, axis=(0, 1)) / count)
+
+
+def guess_kl(teacher, logits):
+    """KL(teacher || softmax(logits)) over the last axis [.., V] -> [..]; teacher is already
+    log-softmaxed; a draft vocabulary's -inf logits count as -1e9 (no NaN where p = 0)."""
+    student = jax.nn.log_softmax(logits, axis=-1)
+    return jnp.sum(jnp.exp(teacher) * (teacher - jnp.where(jnp.isfinite(student), student, -1e9)), axis=-1)
+
+
+def guess_weights(usable, mask, at, k: int, position_decay: float):
+    """(scored, weights) [B, G, K] float32 of each block's K guesses: scored = 1 where the
+    block is usable (usable [B, G]) and the guessed token is a trained one (mask [B, T] at
+    at [B, G K], None: all); weights = scored x position_decay ** i."""
+    b, g = usable.shape
+    scored = usable[:, :, None].astype(jnp.float32)  # [B, G, 1]
+    if mask is not None:
+        scored = scored * jnp.take_along_axis(mask, at, axis=1).reshape(b, g, k).astype(jnp.float32)
+    scored = jnp.broadcast_to(scored, (b, g, k))
+    decay = jnp.asarray(position_decay, jnp.float32) ** jnp.arange(k, dtype=jnp.float32)
+    return scored, scored * decay
 
 
 def init_block_params(head: ModelConfig, block: BlockHeadConfig, target_config, target_params, layers, seed: int):

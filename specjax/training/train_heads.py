@@ -10,6 +10,10 @@ target layers' raw states, its own LM head over a draft vocabulary picked by fre
 the training data (training/draft_vocab.py, saved as OUT/draft_vocab.json), trained by the
 multi-step training-time test.
 
+DFlash-style block heads (kind: block; training/block_objective.py) and DSpark heads, a
+block head plus a low-rank Markov head and a confidence head (kind: dspark;
+training/dspark_objective.py), train on the same windows.
+
 Medusa (Cai et al. 2024): head k at position t is trained toward the target's own
 distribution for the token at t + 1 + k, i.e. the target's prediction at position t + k
 given the true prefix (self-distillation: KL(p_target || q_head)),
@@ -64,6 +68,8 @@ from specjax.training.data import DataConfig, training_batch
 from specjax.training.datasets import DatasetConfig
 from specjax.training.draft_vocab import FILE as DRAFT_VOCAB_FILE
 from specjax.training.draft_vocab import draft_vocab_for_run, select, token_counts
+from specjax.training.dspark_objective import PART_NAMES as DSPARK_PARTS
+from specjax.training.dspark_objective import DSparkHeadConfig, dspark_head_start
 from specjax.training.eagle3_objective import (
     Eagle3Config,
     StoredTTTLoss,
@@ -78,7 +84,7 @@ from specjax.training.sharded_steps import MeshSteps, check_mesh
 from specjax.training.stored_features import build_store, stored_batches
 from specjax.training.train import OptimConfig, make_optimizer
 
-KINDS = ("medusa", "eagle", "block")
+KINDS = ("medusa", "eagle", "block", "dspark")
 # One optimizer object per (settings, steps): with a loss that compares by value (TTTLoss),
 # the jitted step, whose static arguments both are, compiles once for equal runs in a process.
 _optimizer = functools.lru_cache(maxsize=8)(make_optimizer)
@@ -136,6 +142,9 @@ class HeadTrainConfig:
     eagle: EagleHeadConfig = dataclasses.field(default_factory=EagleHeadConfig)
     # kind block: a DFlash-style block head (training/block_objective.py)
     block: BlockHeadConfig = dataclasses.field(default_factory=BlockHeadConfig)
+    # kind dspark: a DSpark head, the block head plus a Markov and a confidence head
+    # (training/dspark_objective.py); `dspark` takes `block`'s fields and its own.
+    dspark: DSparkHeadConfig = dataclasses.field(default_factory=DSparkHeadConfig)
     data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(seq_len=128, batch_size=16))
     # A user dataset to train on instead of the corpus (`--data FILE`); its seq_len and
     # batch_size then shape the batches, and `data` is not read.
@@ -171,8 +180,9 @@ class HeadTrainConfig:
                 "or leave features.store unset to train live"
             )
         check_mesh(self.mesh, self.batch_size)
-        if self.kind == "block":
-            self.block.check_window(self.data.seq_len if self.dataset is None else self.dataset.seq_len)
+        if self.kind in ("block", "dspark"):
+            seq_len = self.data.seq_len if self.dataset is None else self.dataset.seq_len
+            getattr(self, self.kind).check_window(seq_len)
 
     @property
     def batch_size(self) -> int:
@@ -291,6 +301,9 @@ def _kind(config: HeadTrainConfig, target: Model, out_dir: Path) -> _Kind:
         )
     if config.kind == "block":
         return _block_kind(config, target)
+    if config.kind == "dspark":
+        initial, as_head, loss = dspark_head_start(config.dspark, target, config.seed)
+        return _Kind(initial, as_head, loss, part_names=DSPARK_PARTS)
     e = config.eagle
     if e.eagle3.enabled:
         return _eagle3_kind(config, target, out_dir)

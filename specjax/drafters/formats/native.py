@@ -1,4 +1,4 @@
-"""Saving and loading trained draft heads (Medusa, EAGLE-style and DFlash-style block heads).
+"""Saving and loading trained draft heads (Medusa, EAGLE-style, DFlash-style block heads, DSpark).
 
 A head directory holds `drafter.json` (its kind, shape, and the target it was trained
 for) and `model.safetensors` (the head's own weights only: the target's embedding and LM
@@ -27,6 +27,7 @@ from safetensors.numpy import load_file, save_file
 
 from specjax.drafters.base import Drafter
 from specjax.drafters.block_head import BlockHead
+from specjax.drafters.dspark import DSpark
 from specjax.drafters.eagle import Eagle
 from specjax.drafters.formats.files import WEIGHT_FILES
 from specjax.drafters.formats.published import load_published
@@ -40,6 +41,7 @@ from specjax.models.heads import SPECJAX_HEAD, HeadOptions, head_config
 FORMAT = "specjax-drafter-1"
 _CONFIG = "drafter.json"
 _TRANSFER = "allow_transfer=True"
+_BLOCK_KINDS = ("block_head", "dspark")  # a BlockHead's fields; dspark's params add the Markov and confidence heads
 # What a published head's layer sets itself (published._drafter_config), kept in drafter.json.
 _LAYER_FIELDS = ("head_dim", "rope_theta", "rope_scaling", "rms_norm_eps", "attention_bias", "o_proj_bias", "mlp_bias")
 
@@ -128,7 +130,7 @@ def _shape_mismatches(config: dict, params: dict, target: ModelConfig) -> list[t
     wanted = [("hidden size", hidden, target.hidden_size)]
     if config.get("vocab_size"):  # 0: a Medusa built without its vocabulary
         wanted.append(("vocabulary", int(config["vocab_size"]), target.vocab_size))
-    if kind in ("eagle", "block_head"):
+    if kind in ("eagle", *_BLOCK_KINDS):
         wanted.append(("head dim", _eagle_head_dim(params), target.resolved_head_dim))
     out = [(f"{name} {mine}", f"{name} {theirs}") for name, mine, theirs in wanted if mine != theirs]
     layers = config.get("feature_layers") or []  # multi-layer features: blocks the target must have
@@ -212,6 +214,8 @@ def save_drafter(
     if not isinstance(drafter, Medusa | Eagle | BlockHead) or drafter.params is None:
         raise ValueError(f"save_drafter saves trained heads (Medusa, Eagle or BlockHead with weights), got {drafter!r}")
     if format != "specjax":
+        if isinstance(drafter, DSpark):  # a published block layout would drop its Markov and confidence heads
+            raise ValueError(f"a DSpark head saves in specjax's own format only (format='specjax'), not {format!r}")
         return write_published(drafter, path, format, target_name, target)
     if isinstance(drafter, Medusa):
         shape = {"num_heads": drafter.num_heads, "hidden_size": drafter.hidden_size, "vocab_size": drafter.vocab_size}
@@ -293,7 +297,7 @@ def load_head(
     config = json.loads((path / _CONFIG).read_text())
     if config.get("format") != FORMAT:
         raise ValueError(f"{path / _CONFIG} has format {config.get('format')!r}, expected {FORMAT!r}")
-    if config["kind"] not in ("medusa", "eagle", "block_head"):
+    if config["kind"] not in ("medusa", "eagle", *_BLOCK_KINDS):
         raise ValueError(f"unknown head kind {config['kind']!r} in {path}")
     params = jax.tree.map(jax.numpy.asarray, _unflatten(load_file(str(path / "model.safetensors"))))
     target_config = None if target is None else getattr(target, "config", target)
@@ -305,7 +309,7 @@ def load_head(
         drafter = Medusa(params=params, vocab_size=int(config["vocab_size"]))
     else:
         if target_config is None:
-            what = "a block head" if config["kind"] == "block_head" else "an EAGLE head"
+            what = {"block_head": "a block head", "dspark": "a DSpark head"}.get(config["kind"], "an EAGLE head")
             raise ValueError(f"{what} ({label}) is built around its target: pass the target to load_head")
         own = dict(config.get("layer", {}))  # a published variant's own layer fields
         if own.get("rope_scaling") is not None:
@@ -317,9 +321,9 @@ def load_head(
             config["intermediate_size"],
             **own,
         )
-        if config["kind"] == "block_head":
+        if config["kind"] in _BLOCK_KINDS:
             layer = layer.replace(num_hidden_layers=int(config["num_hidden_layers"]))
-            drafter = BlockHead(
+            drafter = (DSpark if config["kind"] == "dspark" else BlockHead)(
                 params=params,
                 config=layer,
                 feature_layers=tuple(config["feature_layers"]),

@@ -1,0 +1,155 @@
+"""Training a DSpark head (`specjax train-head` with kind: dspark).
+
+The network is models/dspark_net.py, the one the drafter (drafters/dspark.py) runs; the
+batches, anchors and packing are the block head's (training/block_objective.py): one frozen
+target forward over a window, G blocks [token a, MASK x K] per row in one head forward.
+Output i (i = 0..K-1) of the block at a guesses the token at a + i + 1, whose teacher is the
+target's softmax(logits[a + i]). The loss has three terms:
+
+  block    KL(p_target || q_plain_i), q_plain the outputs without the Markov term (as
+           BlockLoss), weighted position_decay**i: the block head DSpark extends;
+  markov   markov_weight x the same KL for the Markov-conditioned outputs, i >= 1 (at i = 0
+           they are the plain ones), teacher-forced: the previous token is the window's own
+           token at a + i (regenerated data: the target's), as DSpark trains;
+  confidence  confidence_weight x BCE(c_i, label_i), label_i = [argmax of the Markov output
+           i == the target's argmax at a + i]: whether the greedy draft at i survives greedy
+           verification given that the ones before it did (teacher forcing is exactly that
+           condition). Every position weighs the same (a schedule reads the late ones too),
+           and the confidence head reads the state with its gradient stopped: it learns to
+           read the state, never bends it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from specjax.drafters.dspark import DSpark
+from specjax.models import ModelConfig, feature_layers, full_forward
+from specjax.models.block_net import block_logits_of, final_state, head_logits
+from specjax.models.dspark_net import confidence_logit, init_dspark_extras, markov_state
+from specjax.models.heads import head_config
+from specjax.training.block_objective import (
+    BlockHeadConfig,
+    default_feature_layers,
+    draw_anchors,
+    guess_kl,
+    guess_weights,
+    head_layer_shape,
+    init_block_params,
+    packed_states,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class DSparkHeadConfig(BlockHeadConfig):
+    """`dspark` of a HeadTrainConfig with kind: dspark: the block head's fields plus DSpark's."""
+
+    rank: int = 32  # r of the Markov head (2 D r parameters)
+    markov_weight: float = 1.0  # the Markov-conditioned KL's weight beside the block head's
+    confidence_weight: float = 0.1  # the confidence head's BCE weight
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.rank < 1:
+            raise ValueError(f"dspark.rank must be >= 1, got {self.rank}")
+        for name in ("markov_weight", "confidence_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"dspark.{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DSparkLoss:
+    """(target_params, head_params, tokens [B, T], mask=None) -> (loss, (block KL [K], Markov
+    KL [K], Markov accuracy [K], mean confidence [K], confidence BCE [K])) per output: the
+    jitted step's loss, hashable (a static argument)."""
+
+    config: ModelConfig  # the head's N-layer config
+    target_config: ModelConfig
+    layers: tuple[int, ...]
+    head: DSparkHeadConfig
+    mask_token_id: int
+
+    def __call__(self, target_params, params, tokens, mask=None):
+        k, g = self.head.block_size, self.head.anchors
+        b = tokens.shape[0]
+        logits, states = jax.lax.stop_gradient(full_forward(self.target_config, target_params, tokens, self.layers))
+        anchors, usable = draw_anchors(tokens, mask, k, g)  # [B, G]
+        g = anchors.shape[1]
+        hidden = packed_states(self.config, params, target_params, states, tokens, anchors, k, self.mask_token_id)
+        # Output i of block g: the token at a + i + 1, teacher logits[a + i]; its previous token is tokens[a + i].
+        at = (anchors[:, :, None] + jnp.arange(k)).reshape(b, g * k)  # [B, G K]
+        teacher = jax.nn.log_softmax(jnp.take_along_axis(logits, at[:, :, None], axis=1), axis=-1)
+        teacher = teacher.reshape(b, g, k, -1)  # [B, G, K, V]
+        previous = jnp.take_along_axis(tokens, at, axis=1).reshape(b, g, k)  # [B, G, K]
+        use = jnp.arange(k) >= 1  # [K]: output 0 follows the anchor, no Markov term
+
+        plain = block_logits_of(self.config, params, target_params, hidden)  # [B, G, K, V]
+        z = markov_state(params, target_params, hidden, previous, use)
+        normed = final_state(self.config, params, target_params, z)  # [B, G, K, D]
+        markov = head_logits(self.config, params, target_params, normed)  # [B, G, K, V]
+        c_logit = confidence_logit(params, jax.lax.stop_gradient(normed))  # [B, G, K]
+
+        scored, weights = guess_weights(usable, mask, at, k, self.head.position_decay)  # [B, G, K]
+
+        def weighted(x, w):
+            return jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1e-6)
+
+        kl_plain, kl_markov = guess_kl(teacher, plain), guess_kl(teacher, markov)  # [B, G, K]
+        survives = jax.lax.stop_gradient(jnp.argmax(markov, axis=-1) == jnp.argmax(teacher, axis=-1))
+        bce = optax.sigmoid_binary_cross_entropy(c_logit, survives.astype(jnp.float32))  # [B, G, K]
+        loss = (
+            weighted(kl_plain, weights)
+            + self.head.markov_weight * weighted(kl_markov, weights * use)
+            + self.head.confidence_weight * weighted(bce, scored)
+        )
+        count = jnp.maximum(jnp.sum(scored, axis=(0, 1)), 1.0)  # [K]
+
+        def per_output(x):
+            return jnp.sum(x * scored, axis=(0, 1)) / count
+
+        parts = (
+            per_output(kl_plain),
+            per_output(kl_markov),
+            per_output(survives.astype(jnp.float32)),
+            per_output(jax.nn.sigmoid(c_logit)),
+            per_output(bce),
+        )
+        return loss, parts
+
+
+PART_NAMES = (
+    "kl_per_position",
+    "markov_kl_per_position",
+    "accuracy_per_position",
+    "confidence_per_position",
+    "confidence_bce_per_position",
+)
+
+
+def dspark_head_start(head_cfg: DSparkHeadConfig, target, seed: int):
+    """(initial params, params -> DSpark, the loss) for training a DSpark head of `target`
+    (a Model), as block_objective.block_head_start for a block head."""
+    from specjax.training.parallel_objective import default_mask_token_id
+
+    target_config = target.config
+    num = target_config.num_hidden_layers
+    layers = feature_layers(head_cfg.feature_layers, num) if head_cfg.feature_layers else default_feature_layers(num)
+    heads, kv, intermediate = head_layer_shape(head_cfg, target_config)
+    head = head_config(target_config, heads, kv, intermediate).replace(num_hidden_layers=head_cfg.num_layers)
+    mask_id = head_cfg.mask_token_id
+    if mask_id is None:
+        mask_id = default_mask_token_id(target.tokenizer, target_config.vocab_size)
+
+    def as_head(params):
+        return DSpark(
+            params=params, config=head, feature_layers=layers, mask_token_id=mask_id, block_size=head_cfg.block_size
+        )
+
+    as_head(None).check(target_config, head_cfg.block_size)  # a bad mask id or layer fails before any training
+    initial = init_block_params(head, head_cfg, target_config, target.params, layers, seed)
+    initial = {**initial, **init_dspark_extras(head, head_cfg.rank, seed)}
+    return initial, as_head, DSparkLoss(head, target_config, layers, head_cfg, mask_id)
