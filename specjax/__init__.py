@@ -25,6 +25,7 @@ from specjax.core.loop import CacheConfig
 from specjax.drafters import Drafter, save_drafter
 from specjax.engine.adaptive_policy import AdaptiveConfig
 from specjax.engine.output import GenerationOutput
+from specjax.engine.verify_schedule import VerifySchedule
 from specjax.io.hf import save_model
 from specjax.io.model import Model, init_model
 from specjax.io.presets import load_model
@@ -54,6 +55,7 @@ __all__ = [
     "ModelConfig",
     "SpeculativeConfig",
     "Tree",
+    "VerifySchedule",
     "generate",
     "init_model",
     "init_state",

@@ -4,13 +4,15 @@
 meanings (`max_new_tokens`, `do_sample`, `temperature`, `top_k`, `top_p`, `min_p`,
 `eos_token_id`) plus `seed` and the KV-cache layout. `SpeculativeConfig`: how to speculate,
 with vLLM's names (`method`, `model`, `num_speculative_tokens`, `prompt_lookup_min` /
-`prompt_lookup_max`) plus specjax's own (`tree`, `adaptive`, `rule`). Both are frozen; both
-load from a mapping (YAML/JSON), which is how the CLI and bench configs build them.
+`prompt_lookup_max`) plus specjax's own (`tree`, `adaptive`, `rule`, `verify_schedule`).
+Both are frozen; both load from a mapping (YAML/JSON), which is how the CLI and bench
+configs build them.
 
 Static or traced (what a change costs): `max_new_tokens` (up to the length a prepared call
 was sized for), `seed` and the EOS ids' values are traced: changing them reuses the compiled
 program. Everything else (sampling, cache layout, the drafter's configuration, K, the
-tree, the adaptive candidates, the rule) is part of the jit key: a change compiles anew.
+tree, the adaptive candidates, the rule, the verify schedule) is part of the jit key: a
+change compiles anew.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from specjax.core import acceptance
 from specjax.core.loop import DEFAULT_CACHE, CacheConfig
 from specjax.core.sampling import SamplingConfig
+from specjax.core.verify_widths import as_verify_schedule
 from specjax.drafters import registry
 from specjax.models import ModelConfig
 
@@ -152,6 +155,9 @@ class SpeculativeConfig:
     first, then: fallback's two drafters (each a SpeculativeConfig, a mapping of one, or a name).
     tree: a specjax.Tree, a preset name, "chain:K", "full:B:D" or a list of paths.
     adaptive: choose K each round (True, a specjax.AdaptiveConfig, or a mapping of its fields).
+    verify_schedule: draft K each round and verify only as many drafts as pay, chosen from
+      the drafter's confidence (True, a specjax.VerifySchedule, or a mapping of its fields,
+      e.g. {widths: [1, 2, 3, 5]}); chains only, not with a tree or adaptive.
     rule: the acceptance rule, a function or the name of a chain rule
       (`specjax.core.acceptance.RULES`: "greedy", "rejection_sampling", "block_verification");
       None: greedy or rejection sampling, by the sampling (tree rounds: the tree rules).
@@ -176,6 +182,7 @@ class SpeculativeConfig:
     tree: Any = None
     adaptive: Any = False
     rule: Callable | str | None = None
+    verify_schedule: Any = None
 
     def __post_init__(self):
         if self.method is not None:
@@ -209,6 +216,22 @@ class SpeculativeConfig:
         if self.rule is not None and not callable(self.rule):
             raise ValueError(f"rule must be an acceptance rule or its name, got {self.rule!r}")
         self._check_rule_fits_rounds()
+        self._check_verify_schedule()
+
+    def _check_verify_schedule(self) -> None:
+        """The schedule as a VerifySchedule (None: off), refused where it cannot run: it
+        chooses how many of a chain's drafts to verify, so neither a tree nor adaptive K."""
+        schedule = as_verify_schedule(self.verify_schedule)
+        object.__setattr__(self, "verify_schedule", schedule)
+        if schedule is None:
+            return
+        if self.tree is not None:
+            raise ValueError("verify_schedule verifies a chain of drafts, not a token tree: pass no tree")
+        if self.adaptive is not False and self.adaptive is not None:
+            raise ValueError(
+                "verify_schedule and adaptive both choose the round's width: pass one of them "
+                "(adaptive chooses K before drafting, verify_schedule how many of K drafts to verify)"
+            )
 
     def _check_rule_fits_rounds(self) -> None:
         """A named chain rule judges a chain of K drafts; tree rounds call their rule with the
@@ -307,7 +330,8 @@ class SpeculativeConfig:
         """Kept for callers of earlier releases: unused fields are now errors at construction."""
 
 
-# The fields that describe the drafter (the rest say how rounds run: K, tree, adaptive, rule).
+# The fields that describe the drafter (the rest say how rounds run: K, tree, adaptive, rule,
+# verify_schedule).
 _DRAFTER_FIELDS = frozenset(
     {"model", "prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_prefer", "suffix_pool", "layers",
      "mask_token_id", "catch_up", "tree_candidates", "allow_transfer", "aux_layers", "aux_convention", "first", "then"}

@@ -262,17 +262,27 @@ def test_a_chain_rule_with_a_tree_is_a_clear_error(rule):
         chain.replace(tree="full:2:2")
 
 
-def test_a_bench_methods_spec_keeps_its_rule(monkeypatch, target, noisy_draft):
+def test_a_bench_methods_spec_keeps_its_round_settings(monkeypatch, target, noisy_draft):
     """E8's `drafters: [{name: .., draft: {.., rule: block_verification}}]` must verify with that
-    rule: the bench builds each round's SpeculativeConfig itself, and once dropped the rule."""
+    rule (and a `verify_schedule` likewise): the bench builds each round's SpeculativeConfig
+    itself, and once dropped the rule."""
     from specjax.bench import measure
+    from specjax.bench.experiments.e08_methods import round_settings
     from specjax.bench.measure import RunSpec, Workload
 
     seen = []
     monkeypatch.setattr(measure, "prepare", lambda *args, speculative=None, **kw: seen.append(speculative))
+    specs = {
+        "blockwise": {"rule": "block_verification"},
+        "scheduled": {"verify_schedule": {"widths": [1, 2, 4]}},
+        "tokenwise": {},
+    }
+    settings = {k: round_settings(specjax.SpeculativeConfig.from_mapping(v)) for k, v in specs.items()}
     work = Workload(target, {}, [[1, 2, 3]], ["c"], max_new_tokens=4)
-    work = work.with_drafters({"blockwise": noisy_draft, "tokenwise": noisy_draft}, {"blockwise": "block_verification"})
-    for name in ("blockwise", "tokenwise"):
+    work = work.with_drafters(dict.fromkeys(specs, noisy_draft), settings)
+    for name in specs:
         work.prepare(RunSpec("speculative", 1, 3, 1.0, name), [[1, 2, 3]])
-    assert [s.rule for s in seen] == [block_verification_rule, None]  # the name, resolved
+    assert [s.rule for s in seen] == [block_verification_rule, None, None]  # the name, resolved
+    assert [s.verify_schedule is not None for s in seen] == [False, True, False]
+    assert seen[1].verify_schedule.widths == (1, 2, 4)
     assert all(s.num_speculative_tokens == 3 for s in seen)

@@ -59,15 +59,18 @@ class Workload:
     max_new_tokens: int
     seed: int = 0
     cache_config: CacheConfig | None = None  # the KV-cache layout of every generation (None: default)
-    # label -> the acceptance rule its spec names (SpeculativeConfig.rule); absent: the default rule
-    rules: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # label -> the round settings its spec names beside the drafter (SpeculativeConfig's
+    # `rule` and `verify_schedule`, as keyword arguments); absent: the defaults
+    round_settings: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     @property
     def category_names(self) -> list[str]:
         return list(dict.fromkeys(self.categories))
 
-    def with_drafters(self, drafters: dict[str, Drafter], rules: dict[str, Any] | None = None) -> Workload:
-        return dataclasses.replace(self, drafters={**self.drafters, **drafters}, rules={**self.rules, **(rules or {})})
+    def with_drafters(self, drafters: dict[str, Drafter], settings: dict[str, dict] | None = None) -> Workload:
+        return dataclasses.replace(
+            self, drafters={**self.drafters, **drafters}, round_settings={**self.round_settings, **(settings or {})}
+        )
 
     def prompts_of(self, category: str) -> list[list[int]]:
         return [p for p, c in zip(self.prompts, self.categories, strict=True) if category in (c, POOLED)]
@@ -90,7 +93,7 @@ class Workload:
         speculative = SpeculativeConfig(
             num_speculative_tokens=spec.num_speculative_tokens,
             adaptive=spec.adaptive,
-            rule=self.rules.get(spec.drafter),
+            **self.round_settings.get(spec.drafter, {}),
         )
         return prepare(
             self.target, prompts, self.config(spec), draft=self.drafters[spec.drafter], speculative=speculative

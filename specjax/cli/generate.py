@@ -205,6 +205,7 @@ def settings(args, draft, speculative) -> dict:
         "num_speculative_tokens": None if args.plain or speculative.tree is not None else args.num_speculative_tokens,
         "tree": None if speculative.tree is None else repr(speculative.tree),
         "adaptive": bool(speculative.adaptive) and not args.plain,
+        "verify_schedule": None if args.plain or not speculative.verify_schedule else repr(speculative.verify_schedule),
         "rule": None if speculative.rule is None else getattr(speculative.rule, "__name__", str(speculative.rule)),
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
@@ -259,13 +260,15 @@ def generate_command(args) -> int:
     )  # fmt: skip  (eos_token_id None: the target's, as GenerationConfig resolves it)
     # A head checks the target's weights; a draft model is loaded in the target's format.
     draft = None if named is None else load_drafter(named, target, seed=args.seed, load=_loader(args))
-    # The round's settings: the flags, else what the --drafter mapping says (tree, adaptive, rule).
+    # The round's settings: the flags, else what the --drafter mapping says (tree, adaptive, rule,
+    # verify_schedule).
     tree = None if args.tree is None or args.plain else Tree.from_spec(args.tree)
     if tree is None and named is not None:
         tree = named.tree
     adaptive = _adaptive(args) or (named.adaptive if named is not None else False)
     speculative = SpeculativeConfig(num_speculative_tokens=args.num_speculative_tokens, tree=tree,
-                                    adaptive=adaptive, rule=None if named is None else named.rule)  # fmt: skip
+                                    adaptive=adaptive, rule=None if named is None else named.rule,
+                                    verify_schedule=None if named is None else named.verify_schedule)  # fmt: skip
     if args.mesh is not None:
         from specjax.drafters.pair_placement import shard_pair
         from specjax.parallel.mesh import mesh_from

@@ -37,6 +37,8 @@ class Plan:
     tree: Any = None  # a specjax.Tree, or None: a chain of K (engine/rounds.py)
     # An AdaptiveConfig (engine/adaptive_policy.py, without costs): each round picks K <= K_MAX.
     adaptive: Any = None
+    # A VerifySchedule (engine/verify_schedule.py, widths resolved): draft K, verify fewer.
+    verify_schedule: Any = None
 
     @property
     def accepted_width(self) -> int:
@@ -77,6 +79,7 @@ class LoopState:
     forwards: jax.Array  # [] int32: batched target forwards of the loop (one per round)
     plan: Plan = struct.field(pytree_node=False)
     adaptive: Any = None  # an AdaptiveState (engine/adaptive_policy.py) when plan.adaptive is set
+    schedule: Any = None  # a ScheduleState (engine/verify_schedule.py) when plan.verify_schedule is set
 
 
 SpecState = LoopState  # the names before plain decoding shared the state

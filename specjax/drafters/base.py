@@ -69,8 +69,10 @@ class Proposal:
     q: jax.Array | None  # [B, K, V] float32 draft probabilities, or None: deterministic (one-hot)
     found: jax.Array | None = None  # [B] bool: rows with a real proposal (None: every row)
     # [B, K] float32: the drafter's own estimate that draft i survives verification given
-    # drafts < i did (DSpark's confidence head); None: the drafter has none. It may steer how
-    # much of the block is verified, never what is accepted (that would bias the output).
+    # drafts < i did (DSpark's confidence head); None: the drafter has none. confidence[:, i]
+    # must depend on drafts before i only, never on d_i itself: a verify schedule that stops
+    # before draft i because of it then stays exact under sampling (engine/verify_schedule.py).
+    # It steers how much of the block is verified, never what is accepted.
     confidence: jax.Array | None = None
 
 

@@ -2,7 +2,8 @@
 
 One loop for every kind of generation. The round is chosen by the static plan: a plain step
 (no drafter), a chain of K, a token tree, or the adaptive policy's choice among them; all
-read and write one LoopState and end in `finish_round` (state.py).
+read and write one LoopState and end in `finish_round` (state.py). A chain may also verify
+only part of its drafts (confidence-scheduled verification, verify_schedule.py).
 
 Two ways to run it, with the same rounds and so the same output bit for bit (the RNG stream
 is in the state): `launch` is one compiled program, prefill and every round, that never
@@ -31,6 +32,7 @@ from specjax.engine.output import GenerationOutput, PreparedGeneration, collect_
 from specjax.engine.prompts import PromptBatch
 from specjax.engine.rounds import chain_round, draft_context, plain_round
 from specjax.engine.tree_round import tree_round
+from specjax.engine.verify_schedule import init_schedule, schedule_round, schedule_stats
 
 
 def loop_round(target_params, draft_weights, state: LoopState) -> LoopState:
@@ -42,6 +44,8 @@ def loop_round(target_params, draft_weights, state: LoopState) -> LoopState:
         return adaptive_round(target_params, draft_weights, state)
     if plan.tree is not None:
         return tree_round(target_params, draft_weights, state)
+    if plan.verify_schedule is not None:
+        return schedule_round(target_params, draft_weights, state)
     return chain_round(target_params, draft_weights, state)
 
 
@@ -96,6 +100,9 @@ def init_state(
         key = jax.random.fold_in(rng, 1)  # the policy's own stream: sampling's is left as it was
         ad = init_adaptive(costs, batch, plan.accepted_width, max_rounds=cache_length, groups=groups, key=key)
         state = state.replace(adaptive=ad)
+    if plan.verify_schedule is not None:
+        n = len(plan.verify_schedule.widths)
+        state = state.replace(schedule=init_schedule(batch, plan.num_speculative_tokens, n))
     ctx = draft_context(state, target_params).replace(features=features, target_cache=target_cache)
     return state.replace(draft_state=plan.drafter.init(draft_weights, ctx, prompt, cache_length))
 
@@ -226,6 +233,8 @@ def state_output(state: LoopState, num_rows: int | None = None) -> GenerationOut
     stats = dataclasses.replace(out.stats, drafter={"kind": plan.drafter.name, **counters})
     if plan.adaptive is not None:
         stats = adaptive_stats(stats, state, num_rows)
+    if plan.verify_schedule is not None:
+        stats = schedule_stats(stats, state, num_rows)
     return dataclasses.replace(out, stats=stats)
 
 

@@ -10,6 +10,7 @@ from specjax.config import GenerationConfig, SpeculativeConfig
 from specjax.core.acceptance import default_rule
 from specjax.core.sampling import SamplingConfig
 from specjax.core.state import Plan
+from specjax.core.verify_widths import as_verify_schedule
 from specjax.drafters import Drafter
 from specjax.engine.adaptive_policy import AdaptiveConfig
 from specjax.engine.prompts import PromptBatch, prepare_prompts
@@ -67,6 +68,11 @@ def plan_generation(
     else:
         drafter.check(target.config, int(k))
     adaptive = _adaptive_candidates(as_adaptive(speculative.adaptive), tree, int(k), target, drafter)
+    schedule = as_verify_schedule(speculative.verify_schedule)
+    if schedule is not None:
+        if tree is not None or adaptive is not None:  # SpeculativeConfig refuses both already
+            raise ValueError("verify_schedule runs chain rounds: pass neither a tree nor adaptive with it")
+        schedule = schedule.resolved(int(k))
     if adaptive is not None and adaptive.trees:
         k = max(t.num_nodes for t in adaptive.trees)  # slots a round may write: the largest tree's nodes
     batch = prepare_prompts(target, prompts, config.max_new_tokens, headroom=k + 1)
@@ -80,6 +86,7 @@ def plan_generation(
         cache=config.cache,
         tree=tree,
         adaptive=adaptive,
+        verify_schedule=schedule,
     )
     return batch, plan, drafter.weights()
 

@@ -1,4 +1,5 @@
-"""The rounds of the loop: a plain step and a chain of K (a tree round is in tree_round.py).
+"""The rounds of the loop: a plain step and a chain of K (a tree round is in tree_round.py,
+confidence-scheduled verification of a chain in verify_schedule.py).
 
 Every round is a pure function (target params, drafter weights, LoopState) -> LoopState with
 static shapes, and ends in `finish_round` (state.py). Per-row variable acceptance is carried
@@ -58,29 +59,46 @@ def plain_round(target_params, draft_weights, state: LoopState) -> LoopState:
     return finish_round(state, token[:, None], none, target_cache, rng, update)
 
 
-def chain_round(target_params, draft_weights, state: LoopState) -> LoopState:
-    """One chain round: K drafts, a verify of width K + 1, the acceptance rule, the commit."""
+def propose(target_params, draft_weights, state: LoopState):
+    """The drafting half of a chain round: (ctx, proposal of K drafts, the drafter's state
+    after it, the round's rng, the acceptance key). The keys are split as chain rounds
+    always split them, so a chain round's output does not depend on who drafted."""
     plan = state.plan
-    k = plan.num_speculative_tokens
     rng, draft_key, accept_key = jax.random.split(state.rng, 3)
-    lengths = state.lengths  # L: the token at L - 1 is committed but not yet verified past
     ctx = draft_context(state, target_params)
     proposal, draft_state = plan.drafter.propose(draft_weights, state.draft_state, ctx, draft_key)
-    drafts = proposal.tokens  # [B, K]
+    return ctx, proposal, draft_state, rng, accept_key
 
-    # Verify, width K + 1: [token at L-1, d_1..d_K] at positions L-1..L+K-1. Output i is
+
+def verify_proposal(
+    target_params, draft_weights, state: LoopState, ctx: DraftContext, proposal, draft_state, rng, accept_key
+) -> LoopState:
+    """The verifying half: the proposal's k = proposal.tokens.shape[1] drafts (k may be
+    below the K the drafter proposed: confidence-scheduled verification, verify_schedule.py)
+    at width k + 1, the acceptance rule, the commit. The drafter's update sees a chain round
+    that accepted num_accepted <= k drafts; drafts past k were never judged."""
+    plan = state.plan
+    drafts = proposal.tokens  # [B, k]
+    k = drafts.shape[1]
+    lengths = state.lengths  # L: the token at L - 1 is committed but not yet verified past
+
+    # Verify, width k + 1: [token at L-1, d_1..d_k] at positions L-1..L+k-1. Output i is
     # the target's distribution p_{i+1} for the token at position L+i.
-    positions = lengths[:, None] - 1 + jnp.arange(k + 1)  # [B, K+1]
+    positions = lengths[:, None] - 1 + jnp.arange(k + 1)  # [B, k+1]
     verify_tokens = jnp.concatenate([gather_tokens(state.tokens, positions[:, :1]), drafts], axis=1)
     wants = plan.wants_features
     out = forward(plan.target, target_params, verify_tokens, positions, state.target_cache, features=wants)
-    logits, target_cache = out[:2]  # features: out[2], [B, K+1, D] at positions L-1..L+K-1
-    p = probabilities(logits, plan.sampling)  # [B, K+1, V]; greedy: the one-hot on each argmax
-    num_accepted, next_token = plan.rule(accept_key, drafts, p, proposal.q)  # [B], [B]
+    logits, target_cache = out[:2]  # features: out[2], [B, k+1, D] at positions L-1..L+k-1
+    if k == 0:  # nothing to judge: the round is a plain step after drafting
+        num_accepted = jnp.zeros_like(lengths)
+        next_token = select(accept_key, logits[:, 0], plan.sampling)  # [B]
+    else:
+        p = probabilities(logits, plan.sampling)  # [B, k+1, V]; greedy: the one-hot on each argmax
+        num_accepted, next_token = plan.rule(accept_key, drafts, p, proposal.q)  # [B], [B]
 
     # Candidates [d_1..d_n, next, ...]: the first n + 1 count (before EOS/max cuts).
     j = jnp.arange(k + 1)[None, :]
-    padded = jnp.concatenate([drafts, jnp.zeros_like(drafts[:, :1])], axis=1)
+    padded = jnp.concatenate([drafts, jnp.zeros((drafts.shape[0], 1), drafts.dtype)], axis=1)  # k may be 0
     candidates = jnp.where(j == num_accepted[:, None], next_token[:, None], padded)
 
     def update(tokens, lengths, done):
@@ -88,3 +106,9 @@ def chain_round(target_params, draft_weights, state: LoopState) -> LoopState:
         return plan.drafter.update(draft_weights, draft_state, after, num_accepted)
 
     return finish_round(state, candidates, num_accepted, target_cache, rng, update)
+
+
+def chain_round(target_params, draft_weights, state: LoopState) -> LoopState:
+    """One chain round: K drafts, a verify of width K + 1, the acceptance rule, the commit."""
+    ctx, proposal, draft_state, rng, accept_key = propose(target_params, draft_weights, state)
+    return verify_proposal(target_params, draft_weights, state, ctx, proposal, draft_state, rng, accept_key)

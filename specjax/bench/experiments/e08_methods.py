@@ -88,14 +88,21 @@ def _summary(rows: list[dict], temperatures: list[float], categories: list[str])
     return summary
 
 
+def round_settings(spec) -> dict:
+    """The SpeculativeConfig fields a method's spec sets beyond its drafter and K."""
+    named = {"rule": spec.rule, "verify_schedule": spec.verify_schedule}
+    return {key: value for key, value in named.items() if value is not None}
+
+
 def run(ctx: BenchContext) -> dict:
     cfg = ctx.config.methods
     k, batch, temperatures = cfg.num_speculative_tokens, cfg.batch_size, cfg.temperatures
     drafters = ctx.method_drafters  # label -> drafter, in config order
     specs = [RunSpec("speculative", batch, k, t, name) for t in temperatures for name in drafters]
-    # A method's spec may name its acceptance rule (e.g. `rule: block_verification`).
-    rules = {m.name: m.draft.rule for m in cfg.drafters if m.draft is not None and m.draft.rule is not None}
-    rows = ctx.measure(specs, "E8 methods", ctx.workload.with_drafters(drafters, rules))
+    # A method's spec may name its acceptance rule (`rule: block_verification`) or a verify
+    # schedule (`verify_schedule: {widths: [1, 2, 3, 5]}`); they travel with its label.
+    settings = {m.name: round_settings(m.draft) for m in cfg.drafters if m.draft is not None}
+    rows = ctx.measure(specs, "E8 methods", ctx.workload.with_drafters(drafters, settings))
 
     # Every round and every proposal (and the plain step) in one round-robin.
     context = ctx.cache_length(k)

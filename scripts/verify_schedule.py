@@ -1,0 +1,100 @@
+"""Confidence-scheduled verification against static K on the embedded pair.
+
+Static chains of K = 1, 2, 4 and a schedule that drafts K = 4 and verifies 0, 1, 2 or 4 of
+the drafts, at each batch size and temperature asked, timed round-robin (medians of whole
+generations, compiled beforehand). The schedule's costs are measured per width first
+(engine/verify_costs.py). Reports seconds, tokens per target forward, and the rounds per
+verify width.
+
+    python scripts/verify_schedule.py --batch 1 4 --temperature 0 1 --new 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import jax
+
+import specjax
+from specjax.bench.timing import environment, interleaved
+from specjax.engine.verify_costs import measure_verify_costs
+
+PROMPTS = [
+    "def merge_sorted(a, b):\n    result = []\n",
+    "The history of the printing press begins",
+    "import numpy as np\n\ndef softmax(x):\n",
+    "Once upon a time, in a small village,",
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1])
+    parser.add_argument("--temperature", type=float, nargs="+", default=[0.0])
+    parser.add_argument("--new", type=int, default=64, help="tokens per generation")
+    parser.add_argument("--k", type=int, default=4, help="the schedule's K (drafts per round)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default="results/verify_schedule/verify_schedule.json")
+    args = parser.parse_args()
+
+    target, draft = specjax.load_model("stdlib-target"), specjax.load_model("stdlib-draft")
+    rows = []
+    for batch in args.batch:
+        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
+        for t in args.temperature:
+            config = specjax.GenerationConfig.at_temperature(t, max_new_tokens=args.new, ignore_eos=True)
+            costs = measure_verify_costs(target, draft, batch, args.k, context=256, sampling=config.sampling)
+            calls = {
+                f"static K={k}": specjax.prepare(
+                    target,
+                    prompts,
+                    config,
+                    draft=draft,
+                    speculative=specjax.SpeculativeConfig(num_speculative_tokens=k),
+                )
+                for k in (1, 2, args.k)
+            }
+            schedule = specjax.VerifySchedule(costs=costs)
+            calls["schedule"] = specjax.prepare(
+                target, prompts, config, draft=draft,
+                speculative=specjax.SpeculativeConfig(num_speculative_tokens=args.k, verify_schedule=schedule),
+            )  # fmt: skip
+            times = interleaved({k: (lambda p=p: p.launch()) for k, p in calls.items()}, args.repeats, warmup=1)
+            for name, call in calls.items():
+                out = call.run()
+                s = out.stats
+                row = {
+                    "batch": batch,
+                    "temperature": t,
+                    "name": name,
+                    "seconds": statistics.median(times[name]),
+                    "tokens_per_forward": s.generated_tokens / max(s.target_forwards, 1) / batch,
+                    "mean_acceptance_length": s.mean_acceptance_length,
+                }
+                if name == "schedule":
+                    row["costs_ms"] = {w: round(1e3 * c, 3) for w, c in costs.items()}
+                    row["rounds_per_width"] = {
+                        k.removeprefix("verify_width_").removesuffix("_rounds"): v
+                        for k, v in s.drafter.items()
+                        if k.startswith("verify_width_")
+                    }
+                rows.append(row)
+                print(
+                    f"b={batch} T={t} {name:12s} {1e3 * row['seconds']:8.1f} ms  "
+                    f"{row['tokens_per_forward']:.2f} tok/forward",
+                    row.get("rounds_per_width", ""),
+                )
+    command = "python scripts/verify_schedule.py " + " ".join(
+        [f"--batch {' '.join(map(str, args.batch))}", f"--temperature {' '.join(map(str, args.temperature))}",
+         f"--new {args.new}", f"--k {args.k}", f"--repeats {args.repeats}"]
+    )  # fmt: skip
+    result = {"command": command, "environment": environment(), "device": str(jax.devices()[0]), "rows": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""The settings of confidence-scheduled verification (engine/verify_schedule.py runs it).
+
+A config of the loop's, like SamplingConfig and CacheConfig: hashable (the jit key holds
+it), with nothing to run, so that SpeculativeConfig (specjax/config.py) can check and parse
+it without reaching up into the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifySchedule:
+    """How `SpeculativeConfig(verify_schedule=...)` chooses the verify width each round.
+
+    widths: the verify widths, 1 (verify no draft: a plain step after drafting) up to K + 1
+      (verify them all); each is one compiled branch. None: 1, 2, 3, 5, 9, ... below K + 1,
+      and K + 1.
+    costs: {width: seconds of one round at that width} for this target, drafter, batch and
+      context (part of the jit key: other costs compile anew). None: the fallback cost model
+      1 + width_cost * (w - 1), in units of a width-1 round (drafting K included).
+    width_cost: the fallback's cost of one more verified slot, as a share of a width-1 round:
+      about 0 on an accelerator at small batch (verifying is memory-bound), more where the
+      verify forward is compute-bound (CPU, large batch).
+    prior: the acceptance per position assumed before any round measured it.
+    decay: how much of its past evidence the measured rate keeps each round (0 < decay < 1).
+    probe_every: after this many rounds in a row at width 1 verify at the next width once,
+      so that measured rates that fell to nothing can recover (0: never).
+    lookahead: under sampling, choose from every position's confidence at once (as greedy
+      does). Exact only when the drafter's confidence depends on no drafted token; with q
+      (or a confidence that reads the drafts) it biases the output. False: bucket by bucket.
+    """
+
+    widths: tuple[int, ...] | None = None
+    costs: tuple[tuple[int, float], ...] | None = None
+    width_cost: float = 0.1
+    prior: float = 0.5
+    decay: float = 0.9
+    probe_every: int = 16
+    lookahead: bool = False
+
+    def __post_init__(self):
+        if self.widths is not None:
+            if isinstance(self.widths, int | str) or not all(isinstance(w, int | np.integer) for w in self.widths):
+                raise ValueError(f"verify_schedule widths must be a list of integers >= 1, got {self.widths!r}")
+            widths = tuple(sorted(int(w) for w in self.widths))
+            if not widths or widths[0] < 1 or len(set(widths)) != len(widths):
+                raise ValueError(f"verify_schedule widths must be distinct integers >= 1, got {self.widths!r}")
+            object.__setattr__(self, "widths", widths)
+        if self.costs is not None:
+            object.__setattr__(self, "costs", _cost_pairs(self.costs))
+        if not self.width_cost >= 0:
+            raise ValueError(f"verify_schedule width_cost must be >= 0, got {self.width_cost}")
+        if not 0.0 < self.prior < 1.0:
+            raise ValueError(f"verify_schedule prior must lie in (0, 1), got {self.prior}")
+        if not 0.0 < self.decay < 1.0:
+            raise ValueError(f"verify_schedule decay must lie in (0, 1), got {self.decay}")
+        if not isinstance(self.probe_every, int) or self.probe_every < 0:
+            raise ValueError(f"verify_schedule probe_every must be an integer >= 0, got {self.probe_every!r}")
+        if not isinstance(self.lookahead, bool):
+            raise ValueError(f"verify_schedule lookahead is true or false, got {self.lookahead!r}")
+
+    def resolved(self, k_max: int) -> VerifySchedule:
+        """This schedule with its widths fixed for K_MAX drafts (checked, costs for each)."""
+        widths = self.widths if self.widths is not None else default_widths(k_max)
+        if widths[-1] > k_max + 1:
+            raise ValueError(
+                f"verify_schedule widths {widths} exceed num_speculative_tokens + 1 = {k_max + 1} "
+                "(a round verifies at most its K drafts)"
+            )
+        if len(widths) < 2:
+            raise ValueError(f"verify_schedule needs at least two widths to choose from, got {widths}")
+        if self.costs is not None:
+            given = dict(self.costs)
+            missing = [w for w in widths if w not in given]
+            if missing:
+                raise ValueError(f"verify_schedule costs lack widths {missing} (have {sorted(given)})")
+        return dataclasses.replace(self, widths=widths)
+
+    def cost_vector(self) -> np.ndarray:
+        """[n] float32 seconds (or fallback units) of a round at each width, in order."""
+        if self.costs is None:
+            return np.asarray([1.0 + self.width_cost * (w - 1) for w in self.widths], np.float32)
+        given = dict(self.costs)
+        return np.asarray([given[w] for w in self.widths], np.float32)
+
+
+def _cost_pairs(costs) -> tuple[tuple[int, float], ...]:
+    """{width: seconds} (keys may be strings, from YAML/JSON) as sorted hashable pairs."""
+    items = costs.items() if isinstance(costs, Mapping) else costs
+    try:
+        pairs = tuple(sorted((int(w), float(c)) for w, c in items))
+    except (TypeError, ValueError):
+        raise ValueError(f"verify_schedule costs must map widths to seconds, got {costs!r}") from None
+    if not all(c > 0 for _, c in pairs):
+        raise ValueError(f"verify_schedule costs must be positive seconds, got {costs!r}")
+    return pairs
+
+
+def default_widths(k_max: int) -> tuple[int, ...]:
+    return tuple(sorted({w for w in (1, 2, 3, 5, 9, 17, 33) if w < k_max + 1} | {k_max + 1}))
+
+
+def as_verify_schedule(value) -> VerifySchedule | None:
+    """SpeculativeConfig.verify_schedule (None/False, True, a VerifySchedule or a mapping of its
+    fields from YAML/JSON) as a VerifySchedule, or None when it is off."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return VerifySchedule()
+    if isinstance(value, Mapping):
+        fields = {f.name for f in dataclasses.fields(VerifySchedule)}
+        unknown = sorted(set(value) - fields)
+        if unknown:
+            raise ValueError(f"verify_schedule: unknown keys {unknown}; valid keys: {', '.join(sorted(fields))}")
+        return VerifySchedule(**value)
+    if not isinstance(value, VerifySchedule):
+        raise ValueError(f"verify_schedule must be True, False, a specjax.VerifySchedule or a mapping, got {value!r}")
+    return value

@@ -1,0 +1,92 @@
+"""Seconds of one confidence-scheduled round at each verify width, for `VerifySchedule(costs=...)`.
+
+A scheduled round drafts K and verifies w - 1 of the drafts, so its cost is neither a plain
+step's nor a chain round of w - 1's (adaptive K's costs, engine/round_costs.py): it is
+timed here as it runs, a schedule of the one width w inside the generation loop
+(engine/timed_loops.py's `_rounds`, rewound after every round), at two loop lengths,
+round-robin across widths, and the slope taken, exactly as round_costs.py times adaptive
+K's candidates. Nothing the loop runs imports this module.
+
+    costs = measure_verify_costs(target, draft, batch=1, k=4, context=256)
+    speculative = SpeculativeConfig(num_speculative_tokens=4,
+                                    verify_schedule=VerifySchedule(costs=costs))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specjax.core.loop import DEFAULT_CACHE, CacheConfig, eos_ids
+from specjax.core.sampling import SamplingConfig
+from specjax.core.state import Plan
+from specjax.core.verify_widths import VerifySchedule
+from specjax.drafters import Drafter, as_drafter
+from specjax.engine.clock import interleaved, median
+from specjax.engine.generation import jit_init_state
+from specjax.engine.plan import default_rule_for
+from specjax.engine.round_costs import LONG, REPEATS, SHORT
+from specjax.engine.timed_loops import _rounds
+from specjax.io.model import Model
+
+
+def measure_verify_costs(
+    target: Model,
+    draft: Model | Drafter,
+    batch: int,
+    k: int,
+    context: int,
+    widths: tuple[int, ...] | None = None,
+    sampling: SamplingConfig | float = 0.0,
+    repeats: int = REPEATS,
+    cache: CacheConfig = DEFAULT_CACHE,
+) -> dict[int, float]:
+    """{width: marginal seconds of one scheduled round} for K = k drafts, `batch` rows and a
+    cache of `context` slots half filled; widths None: VerifySchedule's default for k."""
+    widths = VerifySchedule(widths=widths).resolved(k).widths
+    if not isinstance(sampling, SamplingConfig):
+        sampling = SamplingConfig(temperature=float(sampling))
+    drafter = as_drafter(draft)
+    weights = drafter.weights()
+    context = max(context, 2 * (k + 2))
+    fill = context // 2
+    calls = {}
+    for w in widths:
+        plan = Plan(
+            target=target.config,
+            drafter=drafter.without_weights(),
+            num_speculative_tokens=k,
+            sampling=sampling,
+            rule=default_rule_for(sampling, tree_rounds=False),
+            cache=cache,
+            # One width: the switch has one branch, so the round is exactly a round at w.
+            verify_schedule=dataclasses.replace(VerifySchedule(), widths=(w,)),
+        )
+        for n in (SHORT, LONG):
+            calls[(w, n)] = _timed(target, weights, plan, batch, fill, context, n)
+            jax.block_until_ready(calls[(w, n)]())  # the warm-up that compiles
+    times = interleaved(calls, repeats, warmup=0)
+    out = {}
+    for w in widths:
+        short, long = median(times[(w, SHORT)]), median(times[(w, LONG)])
+        out[w] = max((long - short) / (LONG - SHORT), 0.25 * long / LONG)  # round_costs.py's floor
+    return out
+
+
+def _timed(target: Model, weights, plan: Plan, batch: int, fill: int, context: int, inner: int):
+    """A callable running `inner` scheduled rounds on a state of `fill` committed tokens."""
+    prompt = jnp.ones((batch, fill), jnp.int32)
+    lengths = jnp.full((batch,), fill, jnp.int32)
+    state = jit_init_state(
+        target.params, weights, prompt, lengths, jnp.int32(context), jax.device_put(eos_ids(None)),
+        jax.random.key(0), plan=plan, cache_length=context,
+    )  # fmt: skip
+
+    def call():
+        nonlocal state
+        state = _rounds(target.params, weights, state, inner)
+        return state.tokens
+
+    return call

@@ -1,0 +1,224 @@
+"""Confidence-scheduled verification (engine/verify_schedule.py): draft K, verify the drafts
+that pay, and stay exact.
+
+Greedy output equals plain greedy whatever is verified. Under sampling the round's output
+follows the target only when whether draft i is verified depends on drafts < i alone: the
+rule is tested on hand-made prefix-dependent distributions where the target's joint law of
+a round is known exactly (test_block_verification.py's tables), with two deliberately wrong
+variants that must fail (the width read from every draft's own probability at once, and the
+token after a cut drawn from the residual), and end to end on tiny models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import RAGGED_PROMPTS
+from test_block_head import _head
+from test_block_verification import ROUNDS, VOCAB, K, _draw, _tables, _target_joint
+from test_sampling import P_VALUE_FAIL, P_VALUE_PASS, PROMPT, SAMPLES, _exact_joint, pair8  # noqa: F401
+
+import specjax
+from specjax.bench.distribution import chi_square_p_value
+from specjax.core.acceptance import rejection_sampling_rule
+from specjax.core.sampling import SamplingConfig
+from specjax.drafters import DraftModel
+from specjax.drafters.convert import as_drafter
+from specjax.engine.verify_schedule import VerifySchedule, choose_width
+
+WIDTHS = (1, 2, 3, 5)
+COSTS = {1: 1.0, 2: 1.1, 3: 1.2, 5: 1.4}
+
+
+# --- The choice responds to confidence and to measured rates ----------------------------------
+
+
+def _choose(confidence, lookahead, alpha=0.5, live=None, found=None):
+    confidence = None if confidence is None else jnp.asarray(confidence, jnp.float32)
+    rows = 2 if confidence is None else confidence.shape[0]
+    live = jnp.ones((rows,), bool) if live is None else jnp.asarray(live)
+    costs = jnp.asarray([COSTS[w] for w in WIDTHS], jnp.float32)
+    alpha = jnp.full((WIDTHS[-1] - 1,), alpha, jnp.float32)
+    found = None if found is None else jnp.asarray(found)
+    return int(choose_width(alpha, live, costs, WIDTHS, confidence, found, lookahead=lookahead))
+
+
+def test_the_width_follows_confidence():
+    sure, hopeless = np.full((2, 4), 0.99), np.full((2, 4), 0.01)
+    assert WIDTHS[_choose(sure, lookahead=True)] == 5
+    assert WIDTHS[_choose(hopeless, lookahead=True)] == 1
+    # Bucket by bucket (sampling): the first draft's own confidence is read only once it is
+    # verified, so a hopeless proposal stops at width 2, a sure one goes all the way.
+    assert WIDTHS[_choose(sure, lookahead=False)] == 5
+    assert WIDTHS[_choose(hopeless, lookahead=False)] == 2
+    assert WIDTHS[_choose([[0.99, 0.01, 0.5, 0.5]], lookahead=True)] == 2  # only the first draft pays
+    mixed = np.concatenate([sure[:1], hopeless[:1]])
+    assert WIDTHS[_choose(mixed, lookahead=True)] == 5
+    assert WIDTHS[_choose(mixed, lookahead=True, live=[False, True])] == 1  # done rows do not count
+    # Rows without a proposal (prompt lookup found no match) count for one token whatever the width.
+    assert WIDTHS[_choose(mixed, lookahead=True, found=[False, True])] == 1
+    # Without confidence: the measured rates, the same for every row.
+    assert WIDTHS[_choose(None, lookahead=True, alpha=0.97)] == 5
+    assert WIDTHS[_choose(None, lookahead=True, alpha=0.02)] == 1
+
+
+# --- Exactness of one round, on hand-made distributions ---------------------------------------
+
+SCHEDULE_WIDTHS = (1, 2, 3, 4)  # K = 3
+# A width-1 round is never worth it at the prior 0.5; past it, each row's own q_i(d_i) decide.
+SCHEDULE_COSTS = jnp.asarray([1.0, 1.2, 1.3, 1.4], jnp.float32)
+
+
+def _scheduled_run(p, q, rounds: int, seed: int, variant: str):
+    """Draft K per row from q, choose each row's width as a batch of one would, verify that
+    many drafts with rejection sampling, and complete the output with target draws up to K + 1
+    tokens -> (codes [N], width index per row [N])."""
+    rng = np.random.default_rng(seed)
+    code = np.zeros(rounds, np.int64)
+    drafts, p_rows, q_rows = [], [], []
+    for length in range(K):
+        p_rows.append(p[length][code])
+        q_rows.append(q[length][code])
+        drafts.append(_draw(rng, q_rows[-1]))
+        code = code * VOCAB + drafts[-1]
+    p_rows.append(p[K][code])
+    d, pp, qq = np.stack(drafts, 1), np.stack(p_rows, 1), np.stack(q_rows, 1)  # [N, K], [N, K+1, V], [N, K, V]
+    confidence = np.take_along_axis(qq, d[..., None], axis=-1)[..., 0]  # q_i(d_i): reads the draft itself
+
+    alpha = jnp.full((K,), 0.5, jnp.float32)
+    lookahead = variant == "lookahead"
+
+    def one_row(c):
+        return choose_width(alpha, jnp.ones((1,), bool), SCHEDULE_COSTS, SCHEDULE_WIDTHS, c[None], None, lookahead)
+
+    index = np.asarray(jax.jit(jax.vmap(one_row))(jnp.asarray(confidence, jnp.float32)))
+    n = np.zeros(rounds, np.int64)
+    next_token = np.zeros(rounds, np.int64)
+    for j, w in enumerate(SCHEDULE_WIDTHS):
+        rows = np.flatnonzero(index == j)
+        if not len(rows):
+            continue
+        if w == 1:
+            next_token[rows] = _draw(rng, pp[rows, 0])
+            continue
+        key = jax.random.key(seed * 10 + j)
+        args = (jnp.asarray(d[rows, : w - 1], jnp.int32), jnp.asarray(pp[rows, :w]), jnp.asarray(qq[rows, : w - 1]))
+        rows_n, rows_next = jax.jit(rejection_sampling_rule)(key, *args)
+        n[rows], next_token[rows] = np.asarray(rows_n), np.asarray(rows_next)
+        if variant == "residual_bonus" and w - 1 < K:
+            # Wrong: after a cut every verified draft was accepted; the next token is p's, not the
+            # residual of p against the unverified draft's q.
+            cut = rows[n[rows] == w - 1]
+            residual = np.maximum(pp[cut, w - 1] - qq[cut, w - 1], 0.0)
+            next_token[cut] = _draw(rng, residual / residual.sum(-1, keepdims=True))
+    out = np.zeros(rounds, np.int64)
+    for position in range(K + 1):
+        token = np.where(position < n, d[:, min(position, K - 1)], next_token)
+        beyond = position > n
+        token[beyond] = _draw(rng, p[position][out[beyond]])
+        out = out * VOCAB + token
+    return out, index
+
+
+@pytest.mark.parametrize("variant", ["scheduled", "lookahead", "residual_bonus"])
+def test_a_scheduled_round_follows_the_target_and_the_wrong_variants_do_not(variant):
+    p, q = _tables(seed=4)
+    codes, index = _scheduled_run(p, q, ROUNDS, seed=5, variant=variant)
+    p_value = chi_square_p_value(codes, _target_joint(p))
+    if variant == "scheduled":
+        assert p_value > P_VALUE_PASS
+        assert len(np.unique(index)) >= 3  # the rows' widths differ: the choice is exercised
+    else:
+        assert p_value < P_VALUE_FAIL
+
+
+# --- End to end -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfidentDraft(DraftModel):
+    """A draft model that also reports a confidence (as a head would), sure or hopeless by
+    the parity of row 0's length, so that under greedy (q one-hot) the width must move."""
+
+    def propose(self, weights, state, ctx, key):
+        proposal, state = super().propose(weights, state, ctx, key)
+        sure = ctx.lengths[0] % 2 == 0
+        confidence = jnp.where(sure, 0.98, 0.02) * jnp.ones(proposal.tokens.shape, jnp.float32)
+        return proposal.replace(confidence=confidence), state
+
+
+GREEDY_WIDTHS = (1, 3, 5)  # few branches: each compiles a verify forward
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(target):
+    config = specjax.GenerationConfig(max_new_tokens=12)
+    return config, specjax.generate(target, RAGGED_PROMPTS, config).tokens
+
+
+def test_greedy_equals_plain_with_a_chain_draft_and_a_block_head(target, noisy_draft, plain_greedy):
+    config, expected = plain_greedy
+    base = as_drafter(noisy_draft)
+    confident = ConfidentDraft(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+    schedule = specjax.VerifySchedule(widths=GREEDY_WIDTHS, costs={w: COSTS[w] for w in GREEDY_WIDTHS})
+    speculative = specjax.SpeculativeConfig(num_speculative_tokens=4, verify_schedule=schedule)
+    for draft in (confident, _head(target)):
+        out = specjax.generate(target, RAGGED_PROMPTS, config, draft=draft, speculative=speculative)
+        assert out.tokens == expected, type(draft).__name__
+        s = out.stats
+        used = {w: s.drafter[f"verify_width_{w}_rounds"] for w in GREEDY_WIDTHS}
+        assert sum(used.values()) == s.target_forwards  # one width per batched round
+        assert s.drafter["proposed_tokens"] == 4 * s.rounds  # K per row-round, verified or not
+        assert s.accepted_tokens <= s.drafted_tokens <= s.drafter["proposed_tokens"]  # drafted: the verified ones
+        if draft is confident:
+            assert used[1] > 0 and used[5] > 0, used  # the confidence moved the width
+
+
+def test_sampling_follows_the_target_end_to_end(pair8):  # noqa: F811
+    target, draft = pair8
+    expected = _exact_joint(target, SamplingConfig(temperature=1.0))
+    config = specjax.GenerationConfig.at_temperature(1.0, max_new_tokens=2, seed=3)
+    schedule = {"widths": [1, 2, 4], "costs": {1: 1.0, 2: 1.05, 4: 1.9}}  # mostly width 2: a cut after d_1
+    speculative = specjax.SpeculativeConfig.from_mapping({"num_speculative_tokens": 3, "verify_schedule": schedule})
+    out = specjax.generate(target, [PROMPT] * (SAMPLES // 2), config, draft=draft, speculative=speculative)
+    tokens = np.asarray(out.tokens)
+    assert chi_square_p_value(tokens[:, 0] * 8 + tokens[:, 1], expected) > P_VALUE_PASS
+    assert 0.0 < out.stats.acceptance_rate < 1.0
+    assert out.stats.drafter["verify_width_2_rounds"] > 0  # drafts cut: the token after the cut is p's
+
+
+# --- Configuration --------------------------------------------------------------------------
+
+
+def test_configs_parse_and_bad_ones_are_refused():
+    spec = specjax.SpeculativeConfig.parse(
+        {"method": "ngram", "verify_schedule": {"widths": [5, 1, 3], "costs": {"1": 1.0, "3": 1.2, "5": 1.5}}}
+    )
+    assert spec.verify_schedule == VerifySchedule(widths=(1, 3, 5), costs=((1, 1.0), (3, 1.2), (5, 1.5)))
+    assert hash(spec.verify_schedule) == hash(VerifySchedule(widths=[1, 3, 5], costs={1: 1.0, 3: 1.2, 5: 1.5}))
+    assert specjax.SpeculativeConfig(verify_schedule=True).verify_schedule == VerifySchedule()
+    assert specjax.SpeculativeConfig(verify_schedule=False).verify_schedule is None
+    assert VerifySchedule().resolved(4).widths == (1, 2, 3, 5)
+    assert VerifySchedule().resolved(8).widths == (1, 2, 3, 5, 9)
+
+    def refused(match, **fields):
+        with pytest.raises(ValueError, match=match):
+            specjax.SpeculativeConfig(**fields)
+
+    refused("not a token tree", verify_schedule=True, tree="chain:3")
+    refused("pass one of them", verify_schedule=True, adaptive=True)
+    refused("distinct integers", verify_schedule={"widths": [0, 2]})
+    refused("distinct integers", verify_schedule={"widths": [2, 2]})
+    refused("positive seconds", verify_schedule={"costs": {1: 0.0}})
+    refused("unknown keys", verify_schedule={"width": [1, 2]})
+    refused("must be True, False", verify_schedule="yes")
+    with pytest.raises(ValueError, match="exceed num_speculative_tokens"):
+        VerifySchedule(widths=(1, 6)).resolved(4)
+    with pytest.raises(ValueError, match="lack widths"):
+        VerifySchedule(widths=(1, 2, 5), costs={1: 1.0, 5: 2.0}).resolved(4)
+    with pytest.raises(ValueError, match="at least two widths"):
+        VerifySchedule(widths=(5,)).resolved(4)
