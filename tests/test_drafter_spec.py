@@ -11,7 +11,17 @@ import specjax
 from specjax.bench.drafter_spec import parse_draft
 from specjax.cli import main
 from specjax.config import SpeculativeConfig
-from specjax.drafters import BlockHead, DraftModel, Eagle, Fallback, LayerSkip, Medusa, ParallelDraft, PromptLookup
+from specjax.drafters import (
+    BlockHead,
+    DraftModel,
+    DSpark,
+    Eagle,
+    Fallback,
+    LayerSkip,
+    Medusa,
+    ParallelDraft,
+    PromptLookup,
+)
 from specjax.drafters.registry import ALIASES, REGISTRY, resolve_method
 from specjax.io.embedded import embedded_heads
 
@@ -83,6 +93,7 @@ def test_a_spec_a_method_cannot_run_is_a_one_line_error(mapping, message):
         ("stdlib-eagle3", Eagle),
         ("stdlib-eagle3-published", Eagle),
         ("stdlib-block-head", BlockHead),
+        ("stdlib-dspark-head", DSpark),
         ("prompt-lookup", PromptLookup),
         ("layer-skip:2", LayerSkip),
     ],

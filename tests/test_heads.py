@@ -275,7 +275,15 @@ def test_kill_9_during_head_training_then_resume(target_dir, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name", ["stdlib-medusa", "stdlib-eagle", "stdlib-eagle3", "stdlib-eagle3-published", "stdlib-block-head"]
+    "name",
+    [
+        "stdlib-medusa",
+        "stdlib-eagle",
+        "stdlib-eagle3",
+        "stdlib-eagle3-published",
+        "stdlib-block-head",
+        "stdlib-dspark-head",
+    ],
 )
 def test_embedded_heads_decode_exactly_and_are_accepted(name):
     """The shipped heads, on the target they were trained for: greedy output equals plain
