@@ -209,9 +209,10 @@ def head_layer_shape(block: BlockHeadConfig, target_config: ModelConfig) -> tupl
     return block.num_attention_heads, block.num_key_value_heads, block.intermediate_size
 
 
-def block_head_start(block: BlockHeadConfig, target, seed: int):
-    """(initial params, params -> BlockHead, the loss) for training a block head of `target`
-    (a Model); the drafter is the one the saved head loads as (drafters/formats/native.py)."""
+def block_head_parts(block: BlockHeadConfig, target, kind: type[BlockHead] = BlockHead):
+    """(head config, feature layers, mask token id, params -> drafter) of a block head (or a
+    subclass, `kind`) of `target` (a Model), checked before any training: a bad mask id or
+    layer fails here."""
     from specjax.training.parallel_objective import default_mask_token_id
 
     target_config = target.config
@@ -224,10 +225,16 @@ def block_head_start(block: BlockHeadConfig, target, seed: int):
         mask_id = default_mask_token_id(target.tokenizer, target_config.vocab_size)
 
     def as_head(params):
-        return BlockHead(
-            params=params, config=head, feature_layers=layers, mask_token_id=mask_id, block_size=block.block_size
-        )
+        fields = {"config": head, "feature_layers": layers, "mask_token_id": mask_id, "block_size": block.block_size}
+        return kind(params=params, **fields)
 
-    as_head(None).check(target_config, block.block_size)  # a bad mask id or layer fails before any training
-    initial = init_block_params(head, block, target_config, target.params, layers, seed)
-    return initial, as_head, BlockLoss(head, target_config, layers, block, mask_id)
+    as_head(None).check(target_config, block.block_size)
+    return head, layers, mask_id, as_head
+
+
+def block_head_start(block: BlockHeadConfig, target, seed: int):
+    """(initial params, params -> BlockHead, the loss) for training a block head of `target`
+    (a Model); the drafter is the one the saved head loads as (drafters/formats/native.py)."""
+    head, layers, mask_id, as_head = block_head_parts(block, target)
+    initial = init_block_params(head, block, target.config, target.params, layers, seed)
+    return initial, as_head, BlockLoss(head, target.config, layers, block, mask_id)

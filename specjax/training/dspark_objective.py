@@ -28,17 +28,15 @@ import jax.numpy as jnp
 import optax
 
 from specjax.drafters.dspark import DSpark
-from specjax.models import ModelConfig, feature_layers, full_forward
+from specjax.models import ModelConfig, full_forward
 from specjax.models.block_net import block_logits_of, final_state, head_logits
 from specjax.models.dspark_net import confidence_logit, init_dspark_extras, markov_state
-from specjax.models.heads import head_config
 from specjax.training.block_objective import (
     BlockHeadConfig,
-    default_feature_layers,
+    block_head_parts,
     draw_anchors,
     guess_kl,
     guess_weights,
-    head_layer_shape,
     init_block_params,
     packed_states,
 )
@@ -133,23 +131,7 @@ PART_NAMES = (
 def dspark_head_start(head_cfg: DSparkHeadConfig, target, seed: int):
     """(initial params, params -> DSpark, the loss) for training a DSpark head of `target`
     (a Model), as block_objective.block_head_start for a block head."""
-    from specjax.training.parallel_objective import default_mask_token_id
-
-    target_config = target.config
-    num = target_config.num_hidden_layers
-    layers = feature_layers(head_cfg.feature_layers, num) if head_cfg.feature_layers else default_feature_layers(num)
-    heads, kv, intermediate = head_layer_shape(head_cfg, target_config)
-    head = head_config(target_config, heads, kv, intermediate).replace(num_hidden_layers=head_cfg.num_layers)
-    mask_id = head_cfg.mask_token_id
-    if mask_id is None:
-        mask_id = default_mask_token_id(target.tokenizer, target_config.vocab_size)
-
-    def as_head(params):
-        return DSpark(
-            params=params, config=head, feature_layers=layers, mask_token_id=mask_id, block_size=head_cfg.block_size
-        )
-
-    as_head(None).check(target_config, head_cfg.block_size)  # a bad mask id or layer fails before any training
-    initial = init_block_params(head, head_cfg, target_config, target.params, layers, seed)
+    head, layers, mask_id, as_head = block_head_parts(head_cfg, target, DSpark)
+    initial = init_block_params(head, head_cfg, target.config, target.params, layers, seed)
     initial = {**initial, **init_dspark_extras(head, head_cfg.rank, seed)}
-    return initial, as_head, DSparkLoss(head, target_config, layers, head_cfg, mask_id)
+    return initial, as_head, DSparkLoss(head, target.config, layers, head_cfg, mask_id)
