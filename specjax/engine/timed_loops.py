@@ -118,6 +118,17 @@ class TimedLoop:
         return _loop_call(self, inner)
 
 
+def filled_state(target: Model, weights, plan: Plan, fill: int, batch: int, context: int):
+    """The loop state after prefilling `batch` rows of `fill` tokens into `context` slots:
+    where every timed loop starts."""
+    prompt = jnp.ones((batch, fill), jnp.int32)
+    lengths = jnp.full((batch,), fill, jnp.int32)
+    return jit_init_state(
+        target.params, weights, prompt, lengths, jnp.int32(context), jax.device_put(eos_ids(None)),
+        jax.random.key(0), plan=plan, cache_length=context,
+    )  # fmt: skip
+
+
 def _loop_call(loop: TimedLoop, inner: int):
     part, target, draft, batch, k, context = loop.part, loop.target, loop.draft, loop.batch, loop.k, loop.context
     sampling, fill, cache, tree = loop.sampling, loop.fill, loop.cache, loop.tree
@@ -126,8 +137,6 @@ def _loop_call(loop: TimedLoop, inner: int):
     prompt_length = context // 2 if fill is None else fill
     if not 1 <= prompt_length <= context - k - 2:
         raise ValueError(f"a fill of {prompt_length} leaves no room for a round of K={k} in {context} slots")
-    prompt = jnp.ones((batch, prompt_length), jnp.int32)
-    lengths = jnp.full((batch,), prompt_length, jnp.int32)
     drafter = weights = None
     if part == "step":
         plan = Plan(target=target.config, drafter=None, num_speculative_tokens=0, sampling=sampling, rule=None,
@@ -144,10 +153,7 @@ def _loop_call(loop: TimedLoop, inner: int):
             cache=cache,
             tree=tree,
         )
-    state = jit_init_state(
-        target.params, weights, prompt, lengths, jnp.int32(context), jax.device_put(eos_ids(None)),
-        jax.random.key(0), plan=plan, cache_length=context,
-    )  # fmt: skip
+    state = filled_state(target, weights, plan, prompt_length, batch, context)
 
     def call():
         nonlocal state

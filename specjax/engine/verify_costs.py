@@ -17,18 +17,16 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 
-from specjax.core.loop import DEFAULT_CACHE, CacheConfig, eos_ids
+from specjax.core.loop import DEFAULT_CACHE, CacheConfig
 from specjax.core.sampling import SamplingConfig
 from specjax.core.state import Plan
 from specjax.core.verify_widths import VerifySchedule
 from specjax.drafters import Drafter, as_drafter
 from specjax.engine.clock import interleaved, median
-from specjax.engine.generation import jit_init_state
 from specjax.engine.plan import default_rule_for
 from specjax.engine.round_costs import LONG, REPEATS, SHORT
-from specjax.engine.timed_loops import _rounds
+from specjax.engine.timed_loops import _rounds, filled_state
 from specjax.io.model import Model
 
 
@@ -77,12 +75,7 @@ def measure_verify_costs(
 
 def _timed(target: Model, weights, plan: Plan, batch: int, fill: int, context: int, inner: int):
     """A callable running `inner` scheduled rounds on a state of `fill` committed tokens."""
-    prompt = jnp.ones((batch, fill), jnp.int32)
-    lengths = jnp.full((batch,), fill, jnp.int32)
-    state = jit_init_state(
-        target.params, weights, prompt, lengths, jnp.int32(context), jax.device_put(eos_ids(None)),
-        jax.random.key(0), plan=plan, cache_length=context,
-    )  # fmt: skip
+    state = filled_state(target, weights, plan, fill, batch, context)
 
     def call():
         nonlocal state
