@@ -393,6 +393,21 @@ def test_cache_is_per_file_version_and_tokenizer(tokenizer, tmp_path):
     assert datasets.load_dataset(config, ByteTokenizer()) is datasets.load_dataset(config, ByteTokenizer())
 
 
+def test_xz_compressed_file_reads_as_its_contents(tokenizer, tmp_path):
+    """The committed training snapshots are `.jsonl.xz`: read in place, same records."""
+    import lzma
+
+    plain = write_jsonl(tmp_path / "chats.jsonl", [{"messages": CHAT}, {"messages": [SYSTEM, *CHAT]}])
+    packed = tmp_path / "chats.jsonl.xz"
+    packed.write_bytes(lzma.compress(Path(plain).read_bytes()))
+    assert detect_format(packed) == "messages"
+    a = datasets.load_dataset(DatasetConfig(path=plain, seq_len=16), tokenizer)
+    b = datasets.load_dataset(DatasetConfig(path=str(packed), seq_len=16), tokenizer)
+    assert len(b.records) == 2 and not b.report.bad
+    for x, y in zip(a.records, b.records, strict=True):
+        assert x.ids.tolist() == y.ids.tolist() and x.mask.tolist() == y.mask.tolist()
+
+
 def test_format_detection_and_override(tmp_path):
     cases = {
         "messages": {"messages": CHAT},

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import lzma
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,13 +86,25 @@ class BadRecord(Exception):
         self.reason, self.detail = reason, detail
 
 
+def open_data(path: Path):
+    """The file's bytes, decompressed when it ends in `.xz` (the committed training snapshots,
+    data/*/regenerated.jsonl.xz, are read in place)."""
+    return lzma.open(path, "rb") if path.suffix.lower() == ".xz" else path.open("rb")
+
+
+def _inner_suffix(path: Path) -> str:
+    """The suffix that says the format: `x.jsonl.xz` -> `.jsonl`."""
+    return (Path(path.stem) if path.suffix.lower() == ".xz" else path).suffix.lower()
+
+
 def detect_format(path: str | Path) -> str:
     """The format of a file: plain by suffix, else from the keys of its first JSON object."""
     path = Path(path)
-    jsonl = path.suffix.lower() in (".jsonl", ".ndjson", ".json")  # .json: never read a JSON array as text
-    if path.suffix.lower() in _PLAIN_SUFFIXES:
+    suffix = _inner_suffix(path)
+    jsonl = suffix in (".jsonl", ".ndjson", ".json")  # .json: never read a JSON array as text
+    if suffix in _PLAIN_SUFFIXES:
         return "plain"
-    with path.open("rb") as f:
+    with open_data(path) as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -226,7 +239,7 @@ def read_records(
     if fmt == "plain":
         yield from _plain_records(path, plain_chunk_chars)
         return
-    with path.open("rb") as f:
+    with open_data(path) as f:
         for number, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
@@ -243,7 +256,8 @@ def read_records(
 
 def _plain_records(path: Path, chunk_chars: int) -> Iterator[tuple[int, Record]]:
     """Paragraphs (runs of non-blank lines) grouped into documents of >= chunk_chars characters."""
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    with open_data(path) as f:
+        lines = f.read().decode("utf-8", errors="replace").splitlines()
     chunk: list[str] = []
     first, start, size = 0, None, 0
     for i, line in enumerate([*lines, ""]):  # the sentinel blank line ends the last paragraph
