@@ -168,9 +168,13 @@ def eagle_forward(
     tree=None,
     from_target: bool = False,
     options: HeadOptions = SPECJAX_HEAD,
+    draft_logits: bool = False,
 ):
     """tokens [B, T], prev_features [B, T, D] (f at p - 1), positions [B, T]
     -> (logits [B, T, V], cache, predicted features [B, T, D]). `tree`: a TreeMask.
+    `draft_logits` (a head with its own draft vocabulary only): the logits over the draft
+    vocabulary [B, T, Vd], not scattered into the target's: training reads them so, and the
+    scatter to 49k tokens and its gradient cost more than the head's layer on a CPU.
 
     `from_target`: prev_features are the target's own; a multi-layer head's are then
     [B, T, n * D], reduced to D here. Otherwise they are the head's own predictions [B, T, D].
@@ -178,7 +182,17 @@ def eagle_forward(
     """
     if options != SPECJAX_HEAD:
         return _published_forward(
-            config, options, params, target_params, tokens, prev_features, positions, cache, tree, from_target
+            config,
+            options,
+            params,
+            target_params,
+            tokens,
+            prev_features,
+            positions,
+            cache,
+            tree,
+            from_target,
+            draft_logits,
         )
     if from_target and "reduce" in params:
         # Block outputs are residual-stream states, far larger than f (rms 9-25 against 1 on
@@ -201,7 +215,9 @@ def eagle_forward(
     return decode(module, x, positions, cache, tree, features=True, head=head)
 
 
-def _published_forward(config, options, params, target_params, tokens, prev, positions, cache, tree, from_target):
+def _published_forward(
+    config, options, params, target_params, tokens, prev, positions, cache, tree, from_target, draft_logits=False
+):
     """eagle_forward for options other than specjax's own: the same Block's modules, run
     piece by piece (models/llama.decode runs a block whole, with its input norm)."""
     embed = target_params["embed"]
@@ -235,7 +251,8 @@ def _published_forward(config, options, params, target_params, tokens, prev, pos
     normed = module.final_norm(y) if options.final_norm else y
     if options.draft_vocab_size:
         logits = jnp.einsum("btd,dv->btv", normed, params["lm_head"].astype(normed.dtype)).astype(jnp.float32)
-        logits = to_target_vocab(logits, params.get("d2t"), config.vocab_size)  # [B, T, V]
+        if not draft_logits:  # [B, T, Vd] -> [B, T, V]
+            logits = to_target_vocab(logits, params.get("d2t"), config.vocab_size)
     else:
         logits = target_logits(config, target_params, normed)  # [B, T, V]
     if tree is None:  # as decode: the committed length, by position (whatever slot holds it)

@@ -41,7 +41,7 @@ import optax
 from flax import nnx
 
 from specjax.models import ModelConfig, TreeMask, full_forward, graphdef, init_cache, init_params
-from specjax.models.heads import HeadOptions, eagle_forward
+from specjax.models.heads import SPECJAX_HEAD, HeadOptions, eagle_forward
 from specjax.training.draft_vocab import DraftVocab
 
 
@@ -166,6 +166,10 @@ def ttt_passes(
     cache = init_cache(config, b, steps * width, block_size=steps * width)
     entry = jnp.arange(width, dtype=jnp.int32)
     previous = multi[:, :width]  # [B, W, n * D]: the target states at p - 1
+    # A head with its own draft vocabulary gives its logits over it directly: draft id i is
+    # draft_ids[i] (ascending, as DraftVocab.d2t is built), so this equals the gather below
+    # of its logits scattered to the target's vocabulary, without the 49k-wide arrays.
+    own = draft_ids is not None and bool(options.draft_vocab_size) and options != SPECJAX_HEAD
     all_logits, fed = [], []
     for k in range(steps):
         tree = TreeMask(
@@ -176,9 +180,11 @@ def ttt_passes(
         positions = jnp.broadcast_to(entry + 1 + k, (b, width))  # [B, W]
         step_tokens = _ahead(tokens, k, width)  # [B, W]: the token at p + k (0 past the end, masked)
         logits, cache, out = eagle_forward(
-            config, params, target_params, step_tokens, previous, positions, cache, tree, k == 0, options
+            config, params, target_params, step_tokens, previous, positions, cache, tree, k == 0, options, own
         )
-        all_logits.append(logits if draft_ids is None else logits[..., draft_ids])  # [B, W, V] or [B, W, Vd]
+        if draft_ids is not None and not own:
+            logits = logits[..., draft_ids]  # [B, W, V] -> [B, W, Vd]
+        all_logits.append(logits)  # [B, W, V] or [B, W, Vd]
         fed.append(out)  # [B, W, D]
         previous = jax.lax.stop_gradient(out) if detach else out
     return jnp.stack(all_logits), jnp.stack(fed)
