@@ -15,6 +15,9 @@ against specjax plain decoding (fp32 numerics can differ across frameworks: repo
 asserted). The default pair is the embedded one; --target/--draft take any local HF pair.
 
     python scripts/compare_transformers.py --out results/transformers_comparison/transformers_comparison.json
+
+For SmolLM2 from its GGUF file, transformers beside specjax (three weight formats) and
+llama.cpp in one round-robin, see scripts/peers/compare.py (results/peers/README.md).
 """
 
 from __future__ import annotations

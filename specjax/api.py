@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Mapping
 
 from specjax.config import GenerationConfig, SpeculativeConfig
+from specjax.constraints import as_constraints, grammar_for_rows, init_grammar
 from specjax.core.loop import empty_cache
 from specjax.core.state import LoopState
 from specjax.drafters import Drafter, as_drafter, make_drafter
@@ -82,6 +83,23 @@ def _resolve(target, config, draft, speculative) -> tuple[GenerationConfig, Draf
     return config, load_drafter(speculative, target, seed=config.seed), speculative
 
 
+def _grammar(target: Model, config: GenerationConfig, batch, rows: int):
+    """The GrammarState of a constrained call (`rows` start states: the batch's rows, then
+    padding rows running row 0's), or None. EOS is the call's stop ids, else (ignore_eos)
+    the tokenizer's: a row that completes its match then emits EOS until its budget ends."""
+    constraints = as_constraints(config.constraint, batch.num_rows)
+    if constraints is None:
+        return None
+    if batch.mesh is not None:
+        raise ValueError("constrained generation on a mesh is not supported yet: drop the mesh or the constraint")
+    eos = config.eos_token_id
+    if eos is None:
+        eos = getattr(target.tokenizer, "eos_token_id", None)
+    eos_ids = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
+    table, starts = grammar_for_rows(constraints, target.tokenizer, target.config.vocab_size, eos_ids, rows)
+    return init_grammar(table.next_state, starts)
+
+
 def prepare(
     target: Model,
     prompts,
@@ -94,8 +112,9 @@ def prepare(
     config, drafter, speculative = _resolve(target, config, draft, speculative)
     batch, plan, weights = plan_generation(target, prompts, config, drafter, speculative)
     costs = resolve_costs(target, drafter, speculative, plan, batch)  # adaptive K's input, or None
+    grammar = _grammar(target, config, batch, batch.bucket_rows)
     prepared = prepared_generation(target, batch, plan, weights, None if costs is None else costs.vector,
-                                   config.max_new_tokens, config.eos_token_id, config.seed)  # fmt: skip
+                                   config.max_new_tokens, config.eos_token_id, config.seed, grammar)  # fmt: skip
     return dataclasses.replace(prepared, costs=costs)  # the call carries where its costs came from
 
 
@@ -142,6 +161,7 @@ def init_state(
     return jit_init_state(
         target.params, weights, prompt, prompt_lengths, jnp.int32(config.max_new_tokens), eos, rng, plan=plan,
         cache_length=batch.cache_length, done=done, costs=None if costs is None else costs.vector, kv=kv,
+        grammar=_grammar(target, config, batch, batch.num_rows),
     )  # fmt: skip
 
 

@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from specjax.constraints import constraint as constraint_module
 from specjax.core import acceptance
 from specjax.core.loop import DEFAULT_CACHE, CacheConfig
 from specjax.core.sampling import SamplingConfig
@@ -47,6 +48,11 @@ class GenerationConfig:
       benchmarks of fixed lengths want.
     seed: the sampling stream (traced).
     cache: the KV-cache layout (dtype, attention block, prefill chunk); None: the default.
+    constraint: the output must match a JSON schema or a regular expression: a
+      specjax.Constraint for every row, or a list of them, one per prompt (None entries
+      leave a row free); a mapping ({regex: ...} / {json_schema: ...}) is read as one. Every
+      drafter stays exact under it (docs/constraints.md). The compiled table is traced:
+      another constraint of as many states reuses the compiled loop.
 
     Temperature conventions: this class follows HF (`do_sample` decides greedy or sampled;
     `temperature` must then be > 0). The `specjax` command line and the bench configs follow
@@ -65,8 +71,10 @@ class GenerationConfig:
     ignore_eos: bool = False
     seed: int = 0
     cache: CacheConfig = DEFAULT_CACHE
+    constraint: Any = None
 
     def __post_init__(self):
+        object.__setattr__(self, "constraint", constraint_module.normalise(self.constraint))
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
         if self.cache is None:  # "no preference" (as HF reads None): the default layout

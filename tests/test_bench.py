@@ -36,8 +36,9 @@ K_MAX = 3
 # E8 (methods) runs in test_bench_prompts.py, with file prompts and several drafters; E9
 # (trees) in test_bench_trees.py; E10 (scaling, 8 devices) in test_sharding.py; E11 (adaptive,
 # the longest of these: 84 of 301 s on a 2-core EPYC) in test_bench_adaptive.py, so that
-# pytest-xdist can run it on the other worker.
-ELSEWHERE = ("methods", "trees", "scaling", "adaptive_sweep")
+# pytest-xdist can run it on the other worker; E12 (protocol, its own prompt files) in
+# test_e12_protocol.py.
+ELSEWHERE = ("methods", "trees", "scaling", "adaptive_sweep", "protocol")
 TINY_EXPERIMENTS = [name for name in EXPERIMENTS if name not in ELSEWHERE]
 TINY_BENCH = {
     "experiments": TINY_EXPERIMENTS,

@@ -25,8 +25,8 @@ def test_every_config_section_is_a_registered_experiment():
     assert {e.name: e.id for e in REGISTRY} == bench_config.EXPERIMENTS
 
 
-def test_registered_experiments_are_e1_to_e11_each_with_run_plot_and_columns():
-    assert [e.id for e in REGISTRY] == [f"E{i}" for i in range(1, 12)]
+def test_registered_experiments_are_e1_to_e12_each_with_run_plot_and_columns():
+    assert [e.id for e in REGISTRY] == [f"E{i}" for i in range(1, 13)]
     assert len({e.name for e in REGISTRY}) == len(REGISTRY)
     for i, (module, experiment) in enumerate(zip(experiments.MODULES, REGISTRY, strict=True), start=1):
         assert module.startswith(f"e{i:02d}_")
@@ -43,7 +43,7 @@ class Toy:
 
 
 TOY = Experiment(
-    id="E12",
+    id="E13",
     name="toy",
     section=Toy,
     run=lambda ctx: {"claim": "a toy", "rows": [], "summary": {}},
@@ -71,10 +71,10 @@ def test_an_experiment_registered_later_gets_a_section_a_help_line_and_summary_c
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--help"])  # built after the registration
     text = " ".join(capsys.readouterr().out.split())
-    assert "E11 adaptive_sweep, E12 toy)" in text
+    assert "E12 protocol, E13 toy)" in text
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--help"])
-    assert "run experiments E1-E12" in " ".join(capsys.readouterr().out.split())
+    assert "run experiments E1-E13" in " ".join(capsys.readouterr().out.split())
 
 
 def test_no_module_name_occurs_twice_in_the_package():

@@ -67,6 +67,33 @@ class _Settings:
     # load time: "float32" (the params as loaded), "bfloat16" or "int8" (models/quant.py,
     # specjax/io/weight_formats.py); `--set weights=int8` runs any config in int8.
     weights: str = "float32"
+    # Every generation of the bench constrained (docs/constraints.md), plain baselines
+    # included: {regex: ...}, {json_schema: ...} (JSON text or a mapping), or the path of
+    # a JSON schema file; None: free. Rows keep their fixed lengths (max_new_tokens): a row
+    # whose match completes early goes on with the only token then allowed, EOS. The same
+    # config with and without it gives the rows with and without the schema.
+    constraint: str | dict | None = None
+
+
+def bench_constraint(value):
+    """The bench's `constraint` setting as a specjax Constraint (None: none), checked now:
+    a mapping of Constraint's fields, or the path of a JSON schema file."""
+    from specjax.constraints import Constraint
+
+    if value is None or isinstance(value, Constraint):
+        return value
+    if isinstance(value, str):
+        try:
+            with open(value, encoding="utf-8") as f:
+                value = {"json_schema": f.read()}
+        except OSError as error:
+            raise ValueError(f"constraint: cannot read the JSON schema file {value}: {error.strerror}") from None
+    try:
+        constraint = Constraint.parse(value)
+        constraint.check_syntax()
+    except ValueError as error:
+        raise ValueError(f"constraint: {error}") from None
+    return constraint
 
 
 class _BenchConfigMethods:
@@ -84,6 +111,7 @@ class _BenchConfigMethods:
 
             parse_mesh(self.mesh)
         object.__setattr__(self, "prompts", parse_prompts(self.prompts))
+        object.__setattr__(self, "constraint", bench_constraint(self.constraint))
         names = [e.name for e in self.registry]
         unknown = [e for e in self.experiments if e not in names]
         if unknown:

@@ -100,8 +100,9 @@ class BenchContext:
             drafter.check(self.target.config, config.max_k)
         prompts = load_prompts(config.prompt_sources, self.target.tokenizer)
         self.workload = Workload(
-            self.target, {DRAFT: self.draft}, prompts.tokens, prompts.categories, config.max_new_tokens, config.seed
-        )
+            self.target, {DRAFT: self.draft}, prompts.tokens, prompts.categories, config.max_new_tokens, config.seed,
+            constraint=config.constraint,
+        )  # fmt: skip
         self.costs = CostTable(config.timing.cost_inner, config.timing.repeats)
         self._acceptance: dict[tuple, dict] = {}
         self._machine: dict | None = None

@@ -62,6 +62,7 @@ class Workload:
     # label -> the round settings its spec names beside the drafter (SpeculativeConfig's
     # `rule` and `verify_schedule`, as keyword arguments); absent: the defaults
     round_settings: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    constraint: Any = None  # a specjax Constraint every generation follows (None: free)
 
     @property
     def category_names(self) -> list[str]:
@@ -106,6 +107,7 @@ class Workload:
             seed=self.seed,
             cache=self.cache_config,
             ignore_eos=True,  # fixed lengths: every row of every configuration times the same tokens
+            constraint=self.constraint,
         )
 
 

@@ -160,9 +160,8 @@ def _distill(args) -> int:
 def add_train_head(subparsers):
     p = subparsers.add_parser(
         "train-head",
-        help="train a Medusa, EAGLE, EAGLE-3, DFlash-style block or DSpark draft head on a frozen target's hidden "
-        "states "
-        "(resumes automatically)",
+        help="train a Medusa, EAGLE, EAGLE-3, DFlash-style block, DSpark or DFlash 2 draft head on a frozen "
+        "target's hidden states (resumes automatically)",
         description="Train a draft head that reads the target's own hidden states: Medusa (K residual heads "
         "through the target's LM head), EAGLE (one decoder layer extrapolating the target's final feature) or "
         "EAGLE-3-style (the same over several of the target's layers), distilled toward the target's "
@@ -170,7 +169,9 @@ def add_train_head(subparsers):
         "picked by token frequency, trained by the multi-step training-time test); or a DFlash-style block head "
         "(kind: block: K proposals from one bidirectional pass over [last token, MASK x K] reading the target's "
         "multi-layer states); or DSpark (kind: dspark: the block head plus a low-rank Markov head, each output "
-        "also reading the draft before it, and a confidence head trained to say whether each draft survives). "
+        "also reading the draft before it, and a confidence head trained to say whether each draft survives); or "
+        "DFlash 2 (kind: dflash2: the block head plus a two-tap dynamic convolution across the block and a "
+        "selector choosing the proposal among the block's top paths). "
         "Writes metrics.jsonl (with "
         "held-out acceptance), results.json and the head under OUT/head, which `specjax generate --drafter "
         "OUT/head` and `specjax.load_drafter` accept for the target it was trained for. Rerunning the same "
@@ -180,7 +181,8 @@ def add_train_head(subparsers):
     _add_run_arguments(
         p,
         "YAML of a HeadTrainConfig (configs/medusa_head.yaml, configs/eagle_head.yaml, configs/eagle3_head.yaml, "
-        "configs/eagle3_published_head.yaml, configs/block_head.yaml, configs/dspark_head.yaml)" + _NO_CONFIG,
+        "configs/eagle3_published_head.yaml, configs/block_head.yaml, configs/dspark_head.yaml, "
+        "configs/dflash2_head.yaml)" + _NO_CONFIG,
         _RESUMABLE_OUT,
         config_required=False,
     )

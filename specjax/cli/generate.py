@@ -96,6 +96,17 @@ def add_generate(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (and random-init seed)")
     p.add_argument("--eos-token-id", type=int, default=None, help="stop a row at this token (default: the tokenizer's)")
     p.add_argument("--ignore-eos", action="store_true", help="never stop early: always generate --max-new-tokens")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument(
+        "--json-schema",
+        metavar="FILE",
+        default=None,
+        help="constrain every output to JSON valid against the schema in FILE (docs/constraints.md); "
+        "speculation stays exact",
+    )
+    shape.add_argument(
+        "--regex", metavar="PATTERN", default=None, help="constrain every output to match PATTERN (Rust regex syntax)"
+    )
     p.add_argument(
         "--kv-cache-dtype",
         choices=("float32", "bfloat16", "float16"),
@@ -215,6 +226,8 @@ def settings(args, draft, speculative) -> dict:
         "seed": args.seed,
         "eos_token_id": args.eos_token_id,
         "ignore_eos": args.ignore_eos,
+        "json_schema": args.json_schema,
+        "regex": args.regex,
         "chat": args.chat,
         "kv_cache_dtype": args.kv_cache_dtype,
         "prefill_chunk": args.prefill_chunk,
@@ -240,6 +253,7 @@ def generate_command(args) -> int:
         args.num_speculative_tokens = 4 if named is None else named.num_speculative_tokens
     if args.weights != "float32" and args.mesh is not None:
         raise ValueError(f"--weights {args.weights} with --mesh is not supported yet: use --weights float32")
+    constraint = _constraint(args)  # checked before any model loads
     texts = read_prompts(args)
     target = with_weights(resolve_model(args.target, seed=args.seed), args.weights)
     tokenizer = target.tokenizer
@@ -257,6 +271,7 @@ def generate_command(args) -> int:
         eos_token_id=args.eos_token_id,
         ignore_eos=args.ignore_eos,
         cache=cache,
+        constraint=constraint,
     )  # fmt: skip  (eos_token_id None: the target's, as GenerationConfig resolves it)
     # A head checks the target's weights; a draft model is loaded in the target's format.
     draft = None if named is None else load_drafter(named, target, seed=args.seed, load=_loader(args))
@@ -333,6 +348,25 @@ def _loader(args):
         return load_model(name, seed=args.seed + 1, weights=args.weights)
 
     return load
+
+
+def _constraint(args):
+    """The Constraint --json-schema or --regex asks for (None: neither), its syntax checked."""
+    from specjax.constraints import Constraint
+
+    if args.regex is not None:
+        constraint = Constraint(regex=args.regex)
+    elif args.json_schema is not None:
+        try:
+            with open(args.json_schema, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as error:
+            raise ValueError(f"--json-schema: cannot read {args.json_schema}: {error.strerror}") from None
+        constraint = Constraint(json_schema=text)
+    else:
+        return None
+    constraint.check_syntax()
+    return constraint
 
 
 def _adaptive(args):

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax.core.grammar import after_commit
 from specjax.core.loop import DEFAULT_CACHE, CacheConfig, commit
 from specjax.core.sampling import SamplingConfig
 from specjax.models import KVCache, ModelConfig
@@ -80,6 +81,10 @@ class LoopState:
     plan: Plan = struct.field(pytree_node=False)
     adaptive: Any = None  # an AdaptiveState (engine/adaptive_policy.py) when plan.adaptive is set
     schedule: Any = None  # a ScheduleState (engine/verify_schedule.py) when plan.verify_schedule is set
+    # A GrammarState (core/grammar.py) when the output is constrained: the target's
+    # distribution is masked by each row's state at every position, and finish_round moves
+    # the states along what was committed. None: unconstrained.
+    grammar: Any = None
 
 
 SpecState = LoopState  # the names before plain decoding shared the state
@@ -126,12 +131,16 @@ def finish_round(
     live = ~state.done
     valid = jnp.minimum(state.lengths + num_accepted, lengths)  # the target holds K/V of these
     draft_state = state.draft_state if update_drafter is None else update_drafter(tokens, lengths, done)
+    grammar = state.grammar
+    if grammar is not None:
+        grammar = after_commit(grammar, candidates, lengths - state.lengths)
     return state.replace(
         tokens=tokens,
         lengths=lengths,
         done=done,
         target_cache=target_cache.replace(lengths=valid),
         draft_state=draft_state,
+        grammar=grammar,
         rng=rng,
         row_rounds=state.row_rounds + live.astype(jnp.int32),
         accepted_at=state.accepted_at + accepted_positions(state.accepted_at, num_accepted, live),

@@ -11,6 +11,8 @@ eagle.py          an EAGLE-style head: one layer extrapolating the target's feat
 block_head.py     a DFlash-style block head: K proposals from one non-causal pass over target states
 dspark.py         DSpark: a block head plus a low-rank Markov head (each draft reads the one before) and a
                   confidence head (Proposal.confidence)
+dflash2.py        DFlash 2: a block head plus a two-tap dynamic convolution across the block and a selector
+                  choosing the proposal among the block's top paths
 formats/          head files: specjax's own (`save_drafter`, `load_head`, checked against their target)
                   and the layouts others publish (EAGLE, EAGLE-3, Medusa, speculators), read and written
 proposing.py      from distributions to proposals: draw, chains, one-pass blocks, tree expansion
@@ -25,6 +27,7 @@ from __future__ import annotations
 from specjax.drafters.base import DraftContext, Drafter, Proposal, TreeProposal
 from specjax.drafters.block_head import BlockHead
 from specjax.drafters.convert import as_drafter
+from specjax.drafters.dflash2 import DFlash2
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.dspark import DSpark
 from specjax.drafters.eagle import Eagle
@@ -40,6 +43,7 @@ from specjax.drafters.suffix import SuffixDecoding
 __all__ = [
     "REGISTRY",
     "BlockHead",
+    "DFlash2",
     "DSpark",
     "DraftContext",
     "DraftModel",

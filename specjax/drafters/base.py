@@ -59,6 +59,10 @@ class DraftContext:
     # for drafters whose own cache would hold the same K/V (layer skip's first N layers).
     # None elsewhere: a drafter must not write into the target's cache.
     target_cache: Any = None
+    # The rows' GrammarState (core/grammar.py) when the output is constrained, else
+    # None. A drafter may mask its own logits with it (drafters/proposing.py draft_chain);
+    # it need not: the target's masked distribution rejects forbidden drafts.
+    grammar: Any = None
 
 
 @struct.dataclass

@@ -86,7 +86,9 @@ def propose_autoregressive(config: ModelConfig, params, cache: KVCache, ctx: Dra
         return logits[:, 0], (cache, position + 1)
 
     carry = (cache, ctx.lengths)
-    proposal, (cache, _) = draft_chain(advance, carry, logits[:, -1], key, ctx.num_speculative_tokens, ctx.sampling)
+    proposal, (cache, _) = draft_chain(
+        advance, carry, logits[:, -1], key, ctx.num_speculative_tokens, ctx.sampling, ctx.grammar
+    )
     return proposal, cache
 
 

@@ -143,7 +143,9 @@ class Eagle(HoldsWeights):
             return logits[:, 0], (cache, feature[:, 0], position + 1)
 
         carry = (cache, feature, ctx.lengths)
-        proposal, (cache, _, _) = draft_chain(advance, carry, logits, key, ctx.num_speculative_tokens, ctx.sampling)
+        proposal, (cache, _, _) = draft_chain(
+            advance, carry, logits, key, ctx.num_speculative_tokens, ctx.sampling, ctx.grammar
+        )
         return proposal, state.replace(cache=cache)
 
     def propose_tree(self, weights, state: EagleState, ctx: DraftContext, key):

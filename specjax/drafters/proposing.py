@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.core.grammar import mask_logits
+from specjax.core.grammar import step as grammar_step
 from specjax.core.sampling import SamplingConfig, probabilities, sample
 from specjax.drafters.base import Proposal, TreeProposal
 from specjax.models import TreeMask
@@ -58,23 +60,35 @@ def draft_chain(
     key: jax.Array,
     k: int,
     sampling: SamplingConfig,
+    grammar: Any = None,
 ) -> tuple[Proposal, Any]:
     """K tokens drawn one after another: `logits` [B, V] give the first; `advance(carry,
     token [B]) -> (logits [B, V], carry)` feeds a drawn token and gives the next. The K-th
     token is drawn but not fed (the next round's catch-up feeds it if it is accepted).
 
+    grammar: the round's GrammarState (DraftContext.grammar) or None. With one, each draft is
+    drawn from the draft's logits masked at the grammar state after the drafts before it,
+    so it proposes only what the constraint allows; q is then that masked distribution,
+    the one it really drew from, and verification stays exact.
+
     Returns (Proposal(tokens [B, K], q [B, K, V] or None when greedy), carry).
     """
 
+    def constrained(logits, states):
+        return logits if grammar is None else mask_logits(logits, grammar.next_state, states)
+
     def step(state, step_key):
-        carry, logits = state
-        token, q = draw(step_key, logits, sampling)
+        carry, logits, states = state
+        token, q = draw(step_key, constrained(logits, states), sampling)
+        if grammar is not None:
+            states = grammar_step(grammar.next_state, states, token)
         logits, carry = advance(carry, token)
-        return (carry, logits), (token, q)
+        return (carry, logits, states), (token, q)
 
     keys = jax.random.split(key, k)
-    (carry, logits), (tokens, qs) = jax.lax.scan(step, (carry, logits), keys[:-1])
-    last_token, last_q = draw(keys[-1], logits, sampling)
+    states = None if grammar is None else grammar.states
+    (carry, logits, states), (tokens, qs) = jax.lax.scan(step, (carry, logits, states), keys[:-1])
+    last_token, last_q = draw(keys[-1], constrained(logits, states), sampling)
     drafts = jnp.concatenate([tokens.T, last_token[:, None]], axis=1)  # [B, K]
     q = None if last_q is None else jnp.concatenate([qs.transpose(1, 0, 2), last_q[:, None]], axis=1)
     return Proposal(tokens=drafts, q=q), carry

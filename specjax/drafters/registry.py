@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from specjax.drafters.base import Drafter
+from specjax.drafters.cross_vocab import CrossVocab
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.fallback import Fallback
 from specjax.drafters.formats.files import WEIGHT_FILES
@@ -108,6 +109,12 @@ def _parallel_draft(spec, build: Build) -> Drafter:
     return ParallelDraft(model, mask, **_set(spec, catch_up="catch_up", tree_candidates="tree_candidates"))
 
 
+def _tli(spec, build: Build) -> Drafter:
+    if not isinstance(build.target, Model):  # the tables come from the target's tokenizer
+        raise ValueError("method 'tli' needs the target Model (its tokenizer), not only its config")
+    return CrossVocab.between(build.load(spec.model), build.target, **_set(spec, catch_up="catch_up"))
+
+
 def _head(spec, build: Build) -> Drafter:
     return load_head(
         spec.model if isinstance(spec.model, str) else str(spec.model),
@@ -127,6 +134,8 @@ register("layer_skip", _layer_skip, {"layers", *_MODEL_ARGS}, doc="the target's 
 register("draft_model", _draft_model, {"model", *_MODEL_ARGS}, {"model"}, doc="a draft model")
 register("parallel_draft", _parallel_draft, {"model", "mask_token_id", *_MODEL_ARGS}, {"model"},
          doc="a PARD-trained draft model: K proposals from one forward")  # fmt: skip
+register("tli", _tli, {"model", "catch_up"}, {"model"},
+         doc="a draft model with another tokenizer: token-level intersection (Timor et al. 2025)")  # fmt: skip
 register("fallback", lambda spec, b: Fallback(b.make(spec.first), b.make(spec.then)), {"first", "then"},
          {"first", "then"}, doc="`first` where it found something, `then` elsewhere")  # fmt: skip
 register("head", _head, {"model", "allow_transfer", "aux_layers", "aux_convention"}, {"model"},
@@ -139,6 +148,7 @@ ALIASES = {
     "eagle3": "head",
     "block_head": "head",
     "dspark": "head",  # a DSpark head saved by train-head (kind: dspark): drafter.json says which
+    "dflash2": "head",  # a DFlash 2 head saved by train-head (kind: dflash2)
 }
 
 

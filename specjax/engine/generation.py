@@ -62,6 +62,7 @@ def init_state(
     done=None,
     costs=None,
     kv=None,
+    grammar=None,
 ) -> LoopState:
     """Prefill the target, set up the drafter, and return the state before the first round.
 
@@ -69,7 +70,8 @@ def init_state(
     bool marks rows finished from the start (padding rows of a batch bucket); None: every
     row generates. `costs` [n]: seconds per iteration at each adaptive K. `kv`: the target's
     empty cache (core.loop.empty_cache), donated (None: made inside, which XLA:CPU fills out
-    of place: see empty_cache).
+    of place: see empty_cache). `grammar`: a GrammarState (core/grammar.py) when the
+    output is constrained, its states [B] at each row's start state.
     """
     batch = prompt.shape[0]
     wants = plan.wants_features
@@ -91,6 +93,7 @@ def init_state(
         accepted_at=jnp.zeros((batch, plan.accepted_width), jnp.int32),
         forwards=jnp.zeros((), jnp.int32),
         plan=plan,
+        grammar=grammar,
     )
     if plan.drafter is None:
         return state
@@ -190,11 +193,11 @@ def decode_in_chunks(
 @functools.partial(jax.jit, static_argnames=("plan", "cache_length"), donate_argnames=("kv",))
 def _generate(
     target_params, draft_weights, prompt, prompt_lengths, done, max_new_tokens, eos_token_ids, rng, costs, kv, plan,
-    cache_length,
+    cache_length, grammar=None,
 ):  # fmt: skip
     state = init_state(
         target_params, draft_weights, prompt, prompt_lengths, max_new_tokens, eos_token_ids, rng, plan, cache_length,
-        done, costs, kv,
+        done, costs, kv, grammar,
     )  # fmt: skip
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: loop_round(target_params, draft_weights, s), state)
 
@@ -247,9 +250,10 @@ def target_cache_buffer(plan: Plan, batch: PromptBatch):
 
 
 def prepared_generation(
-    target, batch: PromptBatch, plan: Plan, weights, costs, max_new_tokens: int, eos_token_id, seed: int
+    target, batch: PromptBatch, plan: Plan, weights, costs, max_new_tokens: int, eos_token_id, seed: int, grammar=None
 ) -> PreparedGeneration:
-    """A planned call, ready to launch or run (repeatedly, for n <= max_new_tokens new tokens)."""
+    """A planned call, ready to launch or run (repeatedly, for n <= max_new_tokens new tokens).
+    `grammar`: the GrammarState of a constrained call (one state per bucket row), or None."""
     prompt, prompt_lengths, done, eos, rng = batch.loop_inputs(eos_token_id, seed)
 
     def kv():
@@ -258,12 +262,12 @@ def prepared_generation(
     def launch(n: int) -> LoopState:
         return _generate(
             target.params, weights, prompt, prompt_lengths, done, jnp.int32(n), eos, rng, costs, kv(), plan=plan,
-            cache_length=batch.cache_length,
+            cache_length=batch.cache_length, grammar=grammar,
         )  # fmt: skip
 
     def start_args(n: int) -> tuple[tuple, dict]:
         args = (target.params, weights, prompt, prompt_lengths, jnp.int32(n), eos, rng)
-        return args, dict(plan=plan, cache_length=batch.cache_length, done=done, costs=costs, kv=kv())
+        return args, dict(plan=plan, cache_length=batch.cache_length, done=done, costs=costs, kv=kv(), grammar=grammar)
 
     pace: dict = {}  # {"round_seconds": ...} once timed: sizes the next decode's first chunk
 

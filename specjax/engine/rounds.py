@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specjax.core.grammar import mask_logits, states_along
 from specjax.core.loop import gather_tokens
 from specjax.core.sampling import probabilities, select
 from specjax.core.state import LoopState, finish_round
@@ -32,6 +33,7 @@ def draft_context(state: LoopState, target_params) -> DraftContext:
         sampling=plan.sampling,
         cache=plan.cache,
         tree=plan.tree,
+        grammar=state.grammar,
     )
 
 
@@ -46,6 +48,8 @@ def plain_round(target_params, draft_weights, state: LoopState) -> LoopState:
     tokens = gather_tokens(state.tokens, positions)
     out = forward(plan.target, target_params, tokens, positions, state.target_cache, features=wants)
     logits, target_cache = out[:2]  # [B, 1, V]
+    if state.grammar is not None:  # the constrained distribution: forbidden tokens get -inf
+        logits = mask_logits(logits, state.grammar.next_state, state.grammar.states[:, None])
     token = select(key, logits[:, 0], plan.sampling)  # [B]
     none = jnp.zeros_like(state.lengths)
     update = None
@@ -89,6 +93,12 @@ def verify_proposal(
     wants = plan.wants_features
     out = forward(plan.target, target_params, verify_tokens, positions, state.target_cache, features=wants)
     logits, target_cache = out[:2]  # features: out[2], [B, k+1, D] at positions L-1..L+k-1
+    if state.grammar is not None:
+        # Position i is masked at the state after d_1..d_i: a forbidden draft has p = 0 and is
+        # rejected, so any drafter stays exact (q need not know the grammar); the positions
+        # after it keep its last valid state and are never reached.
+        grammar = state.grammar
+        logits = mask_logits(logits, grammar.next_state, states_along(grammar.next_state, grammar.states, drafts))
     if k == 0:  # nothing to judge: the round is a plain step after drafting
         num_accepted = jnp.zeros_like(lengths)
         next_token = select(accept_key, logits[:, 0], plan.sampling)  # [B]

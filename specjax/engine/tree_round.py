@@ -15,6 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specjax.core.grammar import mask_logits, states_in_tree
 from specjax.core.loop import gather_tokens
 from specjax.core.sampling import probabilities
 from specjax.core.state import LoopState, finish_round
@@ -41,6 +42,10 @@ def tree_round(target_params, draft_weights, state: LoopState) -> LoopState:
     wants = plan.wants_features
     out = forward(plan.target, target_params, verify_tokens, positions, state.target_cache, mask, features=wants)
     logits, target_cache = out[:2]
+    if state.grammar is not None:  # node i is masked at the state after the path to it
+        grammar = state.grammar
+        along = states_in_tree(grammar.next_state, grammar.states, nodes, tree.parents)  # [B, N+1]
+        logits = mask_logits(logits, grammar.next_state, along)
     p = probabilities(logits, plan.sampling)  # [B, N+1, V]; greedy: the one-hot on each argmax
     path, num_accepted, next_token = plan.rule(accept_key, tree, nodes, p, proposal.q)  # [B, D], [B], [B]
 

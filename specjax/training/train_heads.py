@@ -1,24 +1,8 @@
 """Training draft heads on a frozen target's hidden states (`specjax train-head`).
 
-EAGLE (Li et al. 2024): the head at position p reads (token p, the target's feature at
-p - 1) and is trained to regress the target's feature at p (smooth L1) plus a
-distillation term, KL(p_target || q_head) for the token at p + 1, weighted as in the paper
-(features 1.0, tokens 0.1 by default).
-
-EAGLE-3 as published (`eagle.eagle3.enabled`; training/eagle3_objective.py): fc over three
-target layers' raw states, its own LM head over a draft vocabulary picked by frequency in
-the training data (training/draft_vocab.py, saved as OUT/draft_vocab.json), trained by the
-multi-step training-time test.
-
-DFlash-style block heads (kind: block; training/block_objective.py) and DSpark heads, a
-block head plus a low-rank Markov head and a confidence head (kind: dspark;
-training/dspark_objective.py), train on the same windows.
-
-Medusa (Cai et al. 2024): head k at position t is trained toward the target's own
-distribution for the token at t + 1 + k, i.e. the target's prediction at position t + k
-given the true prefix (self-distillation: KL(p_target || q_head)),
-on corpus windows. The target's features and logits are computed on the fly inside the
-jitted step: one frozen forward per batch, no backward through it.
+The kinds (Medusa, EAGLE, EAGLE-3, block heads, DSpark, DFlash 2) differ in their initial
+params, drafter and loss only: training/head_kinds.py builds those; this module runs any of
+them.
 
 With `dataset` (a user file, tokenized with the target's tokenizer: training/run_data.py)
 the windows are the dataset's, and every loss takes its mask over predicted positions
@@ -38,53 +22,46 @@ import functools
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from tqdm.auto import tqdm
 
 from specjax.api import generate
 from specjax.config import GenerationConfig, SpeculativeConfig
-from specjax.drafters.eagle import Eagle
 from specjax.drafters.formats.native import save_drafter
-from specjax.drafters.formats.published import eagle3_layers
-from specjax.drafters.medusa import Medusa
 from specjax.io.model import Model
-from specjax.models import ModelConfig, feature_layers, full_forward
-from specjax.models.heads import (
-    head_config,
-    init_eagle_params,
-    init_medusa_params,
-    medusa_hidden,
-    target_logits,
-    teacher_forced,
-    unrolled,
-)
-from specjax.training.block_objective import BlockHeadConfig, block_head_start
+from specjax.models import ModelConfig
+from specjax.models.heads import head_config
+from specjax.training.block_objective import BlockHeadConfig
 from specjax.training.data import DataConfig, training_batch
 from specjax.training.datasets import DatasetConfig
+from specjax.training.dflash2_objective import DFlash2HeadConfig
 from specjax.training.draft_vocab import FILE as DRAFT_VOCAB_FILE
-from specjax.training.draft_vocab import draft_vocab_for_run, select, token_counts
-from specjax.training.dspark_objective import PART_NAMES as DSPARK_PARTS
-from specjax.training.dspark_objective import DSparkHeadConfig, dspark_head_start
-from specjax.training.eagle3_objective import (
-    Eagle3Config,
-    StoredTTTLoss,
-    TTTLoss,
-    eagle3_options,
-    init_eagle3_params,
-)
+from specjax.training.dspark_objective import DSparkHeadConfig
+from specjax.training.eagle3_objective import Eagle3Config
 from specjax.training.feature_store import FeatureStoreConfig
+
+# The kinds' losses and builders, importable from here as before the split (scripts, tests).
+from specjax.training.head_kinds import (
+    BLOCK_KINDS,
+    KINDS,
+    Kind,
+    eagle3_setup,
+    eagle_loss,
+    eagle_objective,
+    head_kind,
+    medusa_loss,
+)
 from specjax.training.run_data import dataset_batches, eval_prompts, predicted_mask, report_dataset
 from specjax.training.run_dirs import open_run, resume_or_start
 from specjax.training.sharded_steps import MeshSteps, check_mesh
 from specjax.training.stored_features import build_store, stored_batches
 from specjax.training.train import OptimConfig, make_optimizer
 
-KINDS = ("medusa", "eagle", "block", "dspark")
+__all__ = ["EagleHeadConfig", "HeadTrainConfig", "Kind", "eagle_loss", "eagle_objective", "medusa_loss", "train_head"]
+_kind, _eagle3_setup = head_kind, eagle3_setup  # the names tests and scripts import
 # One optimizer object per (settings, steps): with a loss that compares by value (TTTLoss),
 # the jitted step, whose static arguments both are, compiles once for equal runs in a process.
 _optimizer = functools.lru_cache(maxsize=8)(make_optimizer)
@@ -145,6 +122,9 @@ class HeadTrainConfig:
     # kind dspark: a DSpark head, the block head plus a Markov and a confidence head
     # (training/dspark_objective.py); `dspark` takes `block`'s fields and its own.
     dspark: DSparkHeadConfig = dataclasses.field(default_factory=DSparkHeadConfig)
+    # kind dflash2: a DFlash 2 head, the block head plus a two-tap dynamic convolution and a
+    # selector over the block's top paths (training/dflash2_objective.py).
+    dflash2: DFlash2HeadConfig = dataclasses.field(default_factory=DFlash2HeadConfig)
     data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(seq_len=128, batch_size=16))
     # A user dataset to train on instead of the corpus (`--data FILE`); its seq_len and
     # batch_size then shape the batches, and `data` is not read.
@@ -180,7 +160,7 @@ class HeadTrainConfig:
                 "or leave features.store unset to train live"
             )
         check_mesh(self.mesh, self.batch_size)
-        if self.kind in ("block", "dspark"):
+        if self.kind in BLOCK_KINDS:
             seq_len = self.data.seq_len if self.dataset is None else self.dataset.seq_len
             getattr(self, self.kind).check_window(seq_len)
 
@@ -188,86 +168,6 @@ class HeadTrainConfig:
     def batch_size(self) -> int:
         """Rows per batch: the dataset's with one, else the corpus's."""
         return self.data.batch_size if self.dataset is None else self.dataset.batch_size
-
-
-def _mean(values, weights):
-    """The mean of values [..] over weights [..] (a loss mask), or the plain mean without one."""
-    if weights is None:
-        return jnp.mean(values)
-    weights = jnp.broadcast_to(weights, values.shape).astype(values.dtype)
-    return jnp.sum(values * weights) / jnp.maximum(jnp.sum(weights), 1.0)
-
-
-def medusa_loss(target_config: ModelConfig, target_params, head_params, tokens, mask=None):
-    """Mean over heads and positions of KL(target p at t + k || head k at t): tokens [B, T]
-    -> (loss, per-head losses [H]).
-
-    KL is the soft cross-entropy minus the target's entropy, so 0 means a perfect head.
-    mask [B, T] over predicted positions (mask[:, q]: the token at q + 1 is a target), or
-    None for every position; head k at t predicts the token at t + 1 + k, so it weighs
-    mask[:, t + k].
-
-    One head's [B, T, V] logits are alive at a time: a scan over the heads whose body is
-    rematerialised (jax.checkpoint), so the backward pass recomputes each head's logits
-    rather than keeping all H of them (every head's at once was 17.6 GB on SmolLM2's 49,152
-    tokens at the default 16 x 256 batch). Same value and gradient as the per-head formula
-    (tests/test_heads.py compares them).
-    """
-    logits, features = full_forward(target_config, target_params, tokens, features=True)
-    teacher = jax.lax.stop_gradient(jax.nn.log_softmax(logits, axis=-1))  # [B, T, V]
-    features = jax.lax.stop_gradient(features)  # [B, T, D]
-    b, t, d = features.shape
-    weights = jnp.ones((b, t), jnp.float32) if mask is None else mask.astype(jnp.float32)  # [B, T]
-    positions = jnp.arange(t)
-
-    @jax.checkpoint
-    def one_head(carry, head):
-        w, bias, k = head  # w [D, D] (or [L, D, D]), bias [D] (or [L, D]), k the head's offset
-        # Head k at t guesses the token at t + 1 + k, whose target distribution is teacher[t + k]:
-        # shifting its inputs right by k puts that guess at s = t + k. The first k positions
-        # wrap around and weigh 0.
-        shifted = jnp.roll(features, k, axis=1).reshape(b * t, d)
-        hidden = medusa_hidden({"w": w[None], "b": bias[None]}, shifted)[:, 0].reshape(b, t, d)
-        student = jax.nn.log_softmax(target_logits(target_config, target_params, hidden), axis=-1)  # [B, T, V]
-        kl = jnp.sum(jnp.exp(teacher) * (teacher - student), axis=-1)  # [B, T]
-        valid = weights * (positions >= k)
-        return carry, jnp.sum(kl * valid) / jnp.maximum(jnp.sum(valid), 1.0)
-
-    num_heads = head_params["w"].shape[0]
-    heads = (head_params["w"], head_params["b"], jnp.arange(1, num_heads + 1))
-    _, losses = jax.lax.scan(one_head, None, heads)  # [H]
-    return jnp.mean(losses), losses
-
-
-def eagle_loss(
-    config: ModelConfig, target_config: ModelConfig, target_params, head_params, tokens, weights, layers=(), mask=None
-):
-    """EAGLE's loss on tokens [B, T]: (total, [feature smooth-L1, token KL]). A multi-layer
-    head (`layers`) averages both over its two unrolled passes ([2, B, T, ..] broadcasts).
-    mask [B, T] over predicted positions, or None (`eagle_objective`)."""
-    if layers:
-        logits, features, head_logits, predicted = unrolled(
-            config, head_params, target_config, target_params, tokens, layers
-        )
-    else:
-        logits, features, head_logits, predicted = teacher_forced(
-            config, head_params, target_config, target_params, tokens
-        )
-    return eagle_objective(logits, features, head_logits, predicted, weights, mask)
-
-
-def eagle_objective(logits, features, head_logits, predicted, weights, mask=None):
-    """The loss from the target's logits [B, T, V] and final-norm features [B, T, D] and the
-    head's ([B, T, ..] or [2, B, T, ..] unrolled) -> (total, [feature smooth-L1, token KL]).
-
-    The head at p predicts f_p and, from it, the token at p + 1 (the target's logits[p]), so
-    both terms at p weigh mask[:, p] (mask [B, T] over predicted positions); None: every one."""
-    huber = optax.huber_loss(predicted, features, delta=1.0)
-    feature_loss = jnp.mean(huber) if mask is None else _mean(jnp.mean(huber, axis=-1), mask)
-    teacher = jax.nn.log_softmax(logits, axis=-1)
-    token_kl = _mean(jnp.sum(jnp.exp(teacher) * (teacher - jax.nn.log_softmax(head_logits, axis=-1)), axis=-1), mask)
-    feature_weight, token_weight = weights
-    return feature_weight * feature_loss + token_weight * token_kl, jnp.stack([feature_loss, token_kl])
 
 
 def _step(loss_fn, optimizer, target_params, params, opt_state, tokens, mask=None):
@@ -278,94 +178,6 @@ def _step(loss_fn, optimizer, target_params, params, opt_state, tokens, mask=Non
     )
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss, parts
-
-
-@dataclasses.dataclass(frozen=True)
-class _Kind:
-    """What differs between head kinds: initial params, the drafter, the loss and its parts."""
-
-    initial: dict
-    as_head: Any  # params -> Drafter
-    loss: Any  # (target_params, head_params, tokens, mask=None) -> (loss, parts); hashable (a jit static)
-    part_names: tuple[str, ...]
-
-
-def _kind(config: HeadTrainConfig, target: Model, out_dir: Path) -> _Kind:
-    if config.kind == "medusa":
-        dtype = jnp.dtype(target.config.dtype)
-        return _Kind(
-            initial=init_medusa_params(target.config.hidden_size, config.num_heads, config.seed, dtype),
-            as_head=lambda params: Medusa(params=params, vocab_size=target.config.vocab_size),
-            loss=functools.partial(medusa_loss, target.config),
-            part_names=("loss_per_head",),
-        )
-    if config.kind == "block":
-        return _block_kind(config, target)
-    if config.kind == "dspark":
-        initial, as_head, loss = dspark_head_start(config.dspark, target, config.seed)
-        return _Kind(initial, as_head, loss, part_names=DSPARK_PARTS)
-    e = config.eagle
-    if e.eagle3.enabled:
-        return _eagle3_kind(config, target, out_dir)
-    layer = e.layer(target.config)
-    # Checked before any training: a bad index is a ValueError naming it.
-    layers = feature_layers(e.feature_layers, target.config.num_hidden_layers) if e.feature_layers else ()
-    weights = (e.feature_weight, e.token_weight)
-    return _Kind(
-        initial=init_eagle_params(layer, target.params, config.seed, target.config, layers),
-        as_head=lambda params: Eagle(params=params, config=layer, feature_layers=layers),
-        loss=functools.partial(eagle_loss, layer, target.config, weights=weights, layers=layers),
-        part_names=("feature_loss", "token_kl"),
-    )
-
-
-def _eagle3_setup(config: HeadTrainConfig, target: Model, out_dir: Path | None):
-    """(head layer config, feature layers, draft vocabulary) of an EAGLE-3 run. The vocabulary
-    is the run's (OUT/draft_vocab.json, or counted and written there), or with out_dir None
-    counted afresh (a feature store's: what a new run of this config counts)."""
-    e, s, target_config = config.eagle, config.eagle.eagle3, target.config
-    num = target_config.num_hidden_layers
-    layers = feature_layers(e.feature_layers, num) if e.feature_layers else eagle3_layers({}, num)
-    v = target_config.vocab_size
-    batches = None if config.dataset is None else dataset_batches(config.dataset, target.tokenizer, config.seed)
-    size = s.draft_vocab_size or v
-    if out_dir is None:
-        vocab = select(token_counts(config.data, config.seed, config.steps, v, batches), size)
-    else:
-        vocab = draft_vocab_for_run(out_dir, config.data, config.seed, config.steps, v, size, batches)
-    return e.layer(target_config), layers, vocab
-
-
-def _eagle3_kind(config: HeadTrainConfig, target: Model, out_dir: Path) -> _Kind:
-    """The published EAGLE-3 network (training/eagle3_objective.py): the drafter is the one a
-    loaded published head is (same HeadOptions), with the run's draft vocabulary's d2t. With
-    features.store the loss reads the target's side from the batch (StoredTTTLoss)."""
-    s, target_config = config.eagle.eagle3, target.config
-    layer, layers, vocab = _eagle3_setup(config, target, out_dir)
-    options = eagle3_options(vocab.size)
-    start = (target_config, target.params) if s.lm_head_init == "target" else None  # its LM head and final norm
-    mapping = {} if vocab.is_identity else {"d2t": jnp.asarray(vocab.d2t)}  # not trained: added to the drafter's
-    names = (
-        "loss_per_step",
-        "kl_per_step",
-        "accuracy_per_step",
-        *(("feature_loss_per_step",) if s.feature_weight else ()),
-    )
-    return _Kind(
-        initial=init_eagle3_params(layer, len(layers), vocab, config.seed, start),
-        as_head=lambda p: Eagle(params={**p, **mapping}, config=layer, feature_layers=layers, options=options),
-        loss=(
-            TTTLoss(layer, target_config, options, layers, vocab, s)
-            if config.features.store is None
-            else StoredTTTLoss(layer, target_config, options, vocab, s)
-        ),
-        part_names=names,
-    )
-
-
-def _block_kind(config: HeadTrainConfig, target: Model) -> _Kind:
-    initial, as_head, loss = block_head_start(config.block, target, config.seed)
-    return _Kind(initial, as_head, loss, part_names=("kl_per_position", "accuracy_per_position"))
 
 
 def _batches(config: HeadTrainConfig, target: Model):
@@ -384,7 +196,7 @@ def _batches(config: HeadTrainConfig, target: Model):
 
 def _stored_batches(config: HeadTrainConfig, target: Model, out_dir: Path):
     """`_batches` read from the run's feature store (training/stored_features.py)."""
-    _, layers, vocab = _eagle3_setup(config, target, out_dir)
+    _, layers, vocab = eagle3_setup(config, target, out_dir)
     return stored_batches(config, target, layers, vocab, _batches(config, target))
 
 
@@ -396,7 +208,7 @@ def store_features(config: HeadTrainConfig, out_dir: str | Path, progress: bool 
     if not (config.kind == "eagle" and config.eagle.eagle3.enabled):
         raise ValueError("store-features stores EAGLE-3's target side: the config needs eagle.eagle3.enabled=true")
     target = resolve_model(config.target)
-    _, layers, vocab = _eagle3_setup(config, target, None)  # what a new run of this config counts
+    _, layers, vocab = eagle3_setup(config, target, None)  # what a new run of this config counts
     return build_store(config, target, layers, vocab, out_dir, progress, stop_after)
 
 
@@ -428,7 +240,7 @@ def train_head(config: HeadTrainConfig, out_dir: str | Path, progress: bool = Tr
     if config.dataset is not None:
         report_dataset(config.dataset, target.tokenizer, out_dir)
     placed = mesh.target(target)  # on the mesh (`target` without one): steps and evaluation run on it
-    kind = _kind(config, placed, out_dir)
+    kind = head_kind(config, placed, out_dir)
     as_head, initial = kind.as_head, kind.initial
     optimizer = _optimizer(config.optim, config.steps)
     params, opt_state, start, checkpoints, metrics = resume_or_start(

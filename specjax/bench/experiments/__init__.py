@@ -43,6 +43,7 @@ MODULES = [
     "e09_trees",
     "e10_scaling",
     "e11_adaptive",
+    "e12_protocol",
 ]
 
 # What each module exports: everything else (config sections, CLI, runner, summary.md) reads this.

@@ -1,4 +1,5 @@
-"""Saving and loading trained draft heads (Medusa, EAGLE-style, DFlash-style block heads, DSpark).
+"""Saving and loading trained draft heads (Medusa, EAGLE-style, DFlash-style block heads, DSpark,
+DFlash 2).
 
 A head directory holds `drafter.json` (its kind, shape, and the target it was trained
 for) and `model.safetensors` (the head's own weights only: the target's embedding and LM
@@ -27,6 +28,7 @@ from safetensors.numpy import load_file, save_file
 
 from specjax.drafters.base import Drafter
 from specjax.drafters.block_head import BlockHead
+from specjax.drafters.dflash2 import DFlash2
 from specjax.drafters.dspark import DSpark
 from specjax.drafters.eagle import Eagle
 from specjax.drafters.formats.files import WEIGHT_FILES
@@ -41,7 +43,11 @@ from specjax.models.heads import SPECJAX_HEAD, HeadOptions, head_config
 FORMAT = "specjax-drafter-1"
 _CONFIG = "drafter.json"
 _TRANSFER = "allow_transfer=True"
-_BLOCK_KINDS = ("block_head", "dspark")  # a BlockHead's fields; dspark's params add the Markov and confidence heads
+# A BlockHead's fields; dspark's params add the Markov and confidence heads, dflash2's the
+# convolution and the selector.
+_BLOCK_KINDS = ("block_head", "dspark", "dflash2")
+_BLOCK_CLASSES = {"block_head": BlockHead, "dspark": DSpark, "dflash2": DFlash2}
+_DFLASH2_FIELDS = ("paths", "branch")  # DFlash 2's selector settings, kept in drafter.json
 # What a published head's layer sets itself (published._drafter_config), kept in drafter.json.
 _LAYER_FIELDS = ("head_dim", "rope_theta", "rope_scaling", "rms_norm_eps", "attention_bias", "o_proj_bias", "mlp_bias")
 
@@ -216,6 +222,8 @@ def save_drafter(
     if format != "specjax":
         if isinstance(drafter, DSpark):  # a published block layout would drop its Markov and confidence heads
             raise ValueError(f"a DSpark head saves in specjax's own format only (format='specjax'), not {format!r}")
+        if isinstance(drafter, DFlash2):  # nor its convolution and selector (no published DFlash 2 layout here)
+            raise ValueError(f"a DFlash 2 head saves in specjax's own format only (format='specjax'), not {format!r}")
         return write_published(drafter, path, format, target_name, target)
     if isinstance(drafter, Medusa):
         shape = {"num_heads": drafter.num_heads, "hidden_size": drafter.hidden_size, "vocab_size": drafter.vocab_size}
@@ -232,6 +240,8 @@ def save_drafter(
         if isinstance(drafter, BlockHead):
             shape["num_hidden_layers"] = c.num_hidden_layers
             shape.update(mask_token_id=drafter.mask_token_id, block_size=drafter.block_size)
+            if isinstance(drafter, DFlash2):
+                shape.update({k: getattr(drafter, k) for k in _DFLASH2_FIELDS})
         elif drafter.options != SPECJAX_HEAD:  # a published variant; files of specjax's own head stay as they were
             shape["options"] = dataclasses.asdict(drafter.options)
             shape["layer"] = {k: _canonical_config(c).get(k) for k in _LAYER_FIELDS}
@@ -309,7 +319,8 @@ def load_head(
         drafter = Medusa(params=params, vocab_size=int(config["vocab_size"]))
     else:
         if target_config is None:
-            what = {"block_head": "a block head", "dspark": "a DSpark head"}.get(config["kind"], "an EAGLE head")
+            names = {"block_head": "a block head", "dspark": "a DSpark head", "dflash2": "a DFlash 2 head"}
+            what = names.get(config["kind"], "an EAGLE head")
             raise ValueError(f"{what} ({label}) is built around its target: pass the target to load_head")
         own = dict(config.get("layer", {}))  # a published variant's own layer fields
         if own.get("rope_scaling") is not None:
@@ -323,7 +334,9 @@ def load_head(
         )
         if config["kind"] in _BLOCK_KINDS:
             layer = layer.replace(num_hidden_layers=int(config["num_hidden_layers"]))
-            drafter = (DSpark if config["kind"] == "dspark" else BlockHead)(
+            extra = {k: int(config[k]) for k in _DFLASH2_FIELDS if config["kind"] == "dflash2"}
+            drafter = _BLOCK_CLASSES[config["kind"]](
+                **extra,
                 params=params,
                 config=layer,
                 feature_layers=tuple(config["feature_layers"]),
