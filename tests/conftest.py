@@ -79,6 +79,26 @@ def _cost_cache_dir(tmp_path_factory, monkeypatch, _shared_tokenizers):
 RAGGED_PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [7], [30, 31]]
 
 
+def adam_steps(loss, target_params, params, tokens, steps: int = 6, learning_rate: float = 3e-2):
+    """A head's loss (target_params, params, tokens) -> (value, parts) minimised by Adam for a
+    few jitted steps on one batch -> (params, [value per step], last parts): "the loss falls"."""
+    import optax
+
+    optimizer = optax.adam(learning_rate)
+
+    @jax.jit
+    def step(params, opt_state):
+        (value, parts), grads = jax.value_and_grad(lambda p: loss(target_params, p, tokens), has_aux=True)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value, parts
+
+    opt_state, values, parts = optimizer.init(params), [], None
+    for _ in range(steps):
+        params, opt_state, value, parts = step(params, opt_state)
+        values.append(float(value))
+    return params, values, parts
+
+
 def kill_after_checkpoint(command: list[str], checkpoints, min_step: int, total_steps: int) -> None:
     """Start a `specjax` run, SIGKILL it once a checkpoint >= min_step exists, then rerun it to the end."""
     import os

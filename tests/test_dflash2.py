@@ -15,9 +15,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
-from conftest import scaled_model
+from conftest import adam_steps, scaled_model
 from specjax.models import full_forward
 from specjax.models.block_net import init_block_head_params
 from specjax.models.dflash2_net import init_dflash2_extras, top_paths
@@ -173,19 +172,7 @@ def test_loss_falls_over_a_few_steps(target):
     with pytest.raises(ValueError, match="leave no room for a block of 4"):
         HeadTrainConfig(kind="dflash2", data=DataConfig(seq_len=5, batch_size=2))
     tokens = jnp.asarray(np.random.default_rng(1).integers(0, 47, (2, 12)), jnp.int32)
-    optimizer = optax.adam(3e-2)
-
-    @jax.jit
-    def step(params, opt_state):
-        (value, parts), grads = jax.value_and_grad(lambda p: loss(target.params, p, tokens), has_aux=True)(params)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value, parts
-
-    params, opt_state = initial, optimizer.init(initial)
-    values = []
-    for _ in range(6):
-        params, opt_state, value, parts = step(params, opt_state)
-        values.append(float(value))
+    params, values, parts = adam_steps(loss, target.params, initial, tokens)
     assert values[-1] < 0.9 * values[0], values
     assert parts[0].shape == (3,) and all(np.isfinite(float(p)) for p in parts[2:])
     assert float(jnp.abs(params["conv"]["gamma"]).max()) > 0  # the convolution trains

@@ -15,9 +15,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
-from conftest import TARGET_CONFIG, scaled_model
+from conftest import TARGET_CONFIG, adam_steps, scaled_model
 from specjax.models import BlockMask, full_forward, init_cache
 from specjax.models.block_net import block_head_forward, block_head_states, block_logits_of, init_block_head_params
 from specjax.models.dspark_net import dspark_outputs, init_dspark_extras, markov_state
@@ -210,19 +209,7 @@ def test_loss_falls_over_a_few_steps(target):
     with pytest.raises(ValueError, match="leave no room for a block of 4"):
         HeadTrainConfig(kind="dspark", data=DataConfig(seq_len=5, batch_size=2))
     tokens = jnp.asarray(np.random.default_rng(1).integers(0, 47, (2, 12)), jnp.int32)
-    optimizer = optax.adam(3e-2)
-
-    @jax.jit
-    def step(params, opt_state):
-        (value, parts), grads = jax.value_and_grad(lambda p: loss(target.params, p, tokens), has_aux=True)(params)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value, parts
-
-    params, opt_state = initial, optimizer.init(initial)
-    values = []
-    for _ in range(6):
-        params, opt_state, value, parts = step(params, opt_state)
-        values.append(float(value))
+    params, values, parts = adam_steps(loss, target.params, initial, tokens)
     assert values[-1] < 0.9 * values[0], values
     assert all(p.shape == (3,) for p in parts)
     assert float(jnp.abs(params["markov"]["up"]).max()) > 0  # the Markov head trains

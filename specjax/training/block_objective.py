@@ -132,6 +132,30 @@ def packed_states(config: ModelConfig, params, target_params, states, tokens, an
 
 
 @dataclasses.dataclass(frozen=True)
+class BlockBatch:
+    """What every block objective (block head, DSpark, DFlash 2) starts from."""
+
+    anchors: jax.Array  # [B, G] int32: block g is [token a_g, MASK x K] at positions a_g ..
+    usable: jax.Array  # [B, G] bool: blocks with room and a scored first guess (draw_anchors)
+    at: jax.Array  # [B, G K]: guess i of block g is the token at a_g + i + 1, teacher logits[a_g + i]
+    teacher: jax.Array  # [B, G, K, V] the target's log-probabilities there
+    hidden: jax.Array  # [B, G, K, D] the head's states for the guesses (packed_states)
+
+
+def block_batch(config, target_config, layers, target_params, params, tokens, mask, k: int, g: int, mask_token_id: int):
+    """The frozen target over tokens [B, T], G blocks of K guesses per row drawn from the
+    scored positions (mask [B, T] or None) and the head's states for them -> BlockBatch."""
+    b = tokens.shape[0]
+    logits, states = jax.lax.stop_gradient(full_forward(target_config, target_params, tokens, layers))
+    anchors, usable = draw_anchors(tokens, mask, k, g)  # [B, G]
+    g = anchors.shape[1]
+    hidden = packed_states(config, params, target_params, states, tokens, anchors, k, mask_token_id)
+    at = (anchors[:, :, None] + jnp.arange(k)).reshape(b, g * k)  # [B, G K]
+    teacher = jax.nn.log_softmax(jnp.take_along_axis(logits, at[:, :, None], axis=1), axis=-1)
+    return BlockBatch(anchors=anchors, usable=usable, at=at, teacher=teacher.reshape(b, g, k, -1), hidden=hidden)
+
+
+@dataclasses.dataclass(frozen=True)
 class BlockLoss:
     """(target_params, head_params, tokens [B, T], mask=None) -> (loss, (kl per guess [K],
     accuracy per guess [K])): the jitted step's loss, hashable (a static argument)."""
@@ -143,17 +167,11 @@ class BlockLoss:
     mask_token_id: int
 
     def __call__(self, target_params, params, tokens, mask=None):
-        k, g = self.block.block_size, self.block.anchors
-        b = tokens.shape[0]
-        logits, states = jax.lax.stop_gradient(full_forward(self.target_config, target_params, tokens, self.layers))
-        anchors, usable = draw_anchors(tokens, mask, k, g)  # [B, G]
-        g = anchors.shape[1]
-        head = packed_blocks(self.config, params, target_params, states, tokens, anchors, k, self.mask_token_id)
-        offsets = jnp.arange(k + 1)
-        # Guess j of block g: the token at a + j, whose target distribution is logits[a + j - 1].
-        at = (anchors[:, :, None] + offsets[:-1]).reshape(b, g * k)  # [B, G K]
-        teacher = jax.nn.log_softmax(jnp.take_along_axis(logits, at[:, :, None], axis=1), axis=-1)
-        teacher = teacher.reshape(b, g, k, -1)  # [B, G, K, V]
+        k = self.block.block_size
+        batch = block_batch(self.config, self.target_config, self.layers, target_params, params, tokens, mask, k,
+                            self.block.anchors, self.mask_token_id)  # fmt: skip
+        usable, at, teacher = batch.usable, batch.at, batch.teacher
+        head = block_logits_of(self.config, params, target_params, batch.hidden)  # [B, G, K, V]
         kl = guess_kl(teacher, head)  # [B, G, K]
         scored, weights = guess_weights(usable, mask, at, k, self.block.position_decay)
         loss = jnp.sum(kl * weights) / jnp.maximum(jnp.sum(weights), 1e-6)

@@ -33,16 +33,15 @@ import jax
 import jax.numpy as jnp
 
 from specjax.drafters.dflash2 import DFlash2
-from specjax.models import ModelConfig, full_forward
+from specjax.models import ModelConfig
 from specjax.models.dflash2_net import dflash2_outputs, init_dflash2_extras, path_candidates
 from specjax.training.block_objective import (
     BlockHeadConfig,
+    block_batch,
     block_head_parts,
-    draw_anchors,
     guess_kl,
     guess_weights,
     init_block_params,
-    packed_states,
 )
 
 
@@ -83,16 +82,10 @@ class DFlash2Loss:
     mask_token_id: int
 
     def __call__(self, target_params, params, tokens, mask=None):
-        k, g = self.head.block_size, self.head.anchors
-        b = tokens.shape[0]
-        logits, states = jax.lax.stop_gradient(full_forward(self.target_config, target_params, tokens, self.layers))
-        anchors, usable = draw_anchors(tokens, mask, k, g)  # [B, G]
-        g = anchors.shape[1]
-        hidden = packed_states(self.config, params, target_params, states, tokens, anchors, k, self.mask_token_id)
-        # Output i of block g: the token at a + i + 1, teacher logits[a + i].
-        at = (anchors[:, :, None] + jnp.arange(k)).reshape(b, g * k)  # [B, G K]
-        teacher = jax.nn.log_softmax(jnp.take_along_axis(logits, at[:, :, None], axis=1), axis=-1)
-        teacher = teacher.reshape(b, g, k, -1)  # [B, G, K, V]
+        k = self.head.block_size
+        batch = block_batch(self.config, self.target_config, self.layers, target_params, params, tokens, mask, k,
+                            self.head.anchors, self.mask_token_id)  # fmt: skip
+        usable, at, teacher, hidden = batch.usable, batch.at, batch.teacher, batch.hidden
         head, normed = dflash2_outputs(self.config, params, target_params, hidden)  # [B, G, K, V], [B, G, K, D]
         scored, weights = guess_weights(usable, mask, at, k, self.head.position_decay)  # [B, G, K]
 
@@ -102,7 +95,7 @@ class DFlash2Loss:
         kl = guess_kl(teacher, head)  # [B, G, K]
         # The selector over the beam's paths, on stopped unary scores and states.
         lp = jax.lax.stop_gradient(jax.nn.log_softmax(head, axis=-1))
-        anchor_tokens = jnp.take_along_axis(tokens, anchors, axis=1)  # [B, G]
+        anchor_tokens = jnp.take_along_axis(tokens, batch.anchors, axis=1)  # [B, G]
         paths, s = path_candidates(
             params,
             target_params,

@@ -28,17 +28,16 @@ import jax.numpy as jnp
 import optax
 
 from specjax.drafters.dspark import DSpark
-from specjax.models import ModelConfig, full_forward
+from specjax.models import ModelConfig
 from specjax.models.block_net import block_logits_of, final_state, head_logits
 from specjax.models.dspark_net import confidence_logit, init_dspark_extras, markov_state
 from specjax.training.block_objective import (
     BlockHeadConfig,
+    block_batch,
     block_head_parts,
-    draw_anchors,
     guess_kl,
     guess_weights,
     init_block_params,
-    packed_states,
 )
 
 
@@ -72,16 +71,12 @@ class DSparkLoss:
     mask_token_id: int
 
     def __call__(self, target_params, params, tokens, mask=None):
-        k, g = self.head.block_size, self.head.anchors
+        k = self.head.block_size
         b = tokens.shape[0]
-        logits, states = jax.lax.stop_gradient(full_forward(self.target_config, target_params, tokens, self.layers))
-        anchors, usable = draw_anchors(tokens, mask, k, g)  # [B, G]
-        g = anchors.shape[1]
-        hidden = packed_states(self.config, params, target_params, states, tokens, anchors, k, self.mask_token_id)
-        # Output i of block g: the token at a + i + 1, teacher logits[a + i]; its previous token is tokens[a + i].
-        at = (anchors[:, :, None] + jnp.arange(k)).reshape(b, g * k)  # [B, G K]
-        teacher = jax.nn.log_softmax(jnp.take_along_axis(logits, at[:, :, None], axis=1), axis=-1)
-        teacher = teacher.reshape(b, g, k, -1)  # [B, G, K, V]
+        batch = block_batch(self.config, self.target_config, self.layers, target_params, params, tokens, mask, k,
+                            self.head.anchors, self.mask_token_id)  # fmt: skip
+        usable, at, teacher, hidden = batch.usable, batch.at, batch.teacher, batch.hidden
+        g = usable.shape[1]
         previous = jnp.take_along_axis(tokens, at, axis=1).reshape(b, g, k)  # [B, G, K]
         use = jnp.arange(k) >= 1  # [K]: output 0 follows the anchor, no Markov term
 
