@@ -22,10 +22,9 @@ from specjax.models import full_forward
 from specjax.models.block_net import init_block_head_params
 from specjax.models.heads import head_config
 from test_parallel_draft import with_eos  # noqa: F401 (a fixture)
-from test_sampling import PROMPT, _exact_joint
+from test_sampling import check_two_tokens
 
 import specjax
-from specjax.bench.distribution import chi_square_p_value
 from specjax.core.sampling import SamplingConfig
 from specjax.drafters import BlockHead, DraftContext
 from specjax.training.block_objective import packed_blocks
@@ -191,19 +190,10 @@ class UniformQ(BlockHead):
 @pytest.mark.parametrize("variant", ["exact", "uniform_q"])
 def test_sampling_follows_the_target_at_t1(variant):
     target = scaled_model(VOCAB8, seed=0, scale=6.0)
-    config = specjax.GenerationConfig.at_temperature(1.0, max_new_tokens=2, seed=1)
-    expected = _exact_joint(target, config.sampling)  # p(t1, t2 | PROMPT), [64]
     head = _head(target, seed=4, scale=6.0)
     if variant != "exact":
         head = UniformQ(**{f.name: getattr(head, f.name) for f in dataclasses.fields(head)})
-    out = specjax.generate(target, [PROMPT] * SAMPLES, config, draft=head, speculative=_k(2))
-    tokens = np.asarray(out.tokens)
-    p_value = chi_square_p_value(tokens[:, 0] * 8 + tokens[:, 1], expected)
-    if variant == "exact":
-        assert p_value > 1e-3
-        assert 0.0 < out.stats.acceptance_rate < 1.0
-    else:
-        assert p_value < 1e-8
+    check_two_tokens(target, head, _k(2), exact=variant == "exact", samples=SAMPLES)
 
 
 # --- Construction, saving, loading -------------------------------------------------------------

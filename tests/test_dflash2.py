@@ -22,10 +22,9 @@ from specjax.models.block_net import init_block_head_params
 from specjax.models.dflash2_net import init_dflash2_extras, top_paths
 from specjax.models.heads import head_config
 from test_dspark import LAYERS, PROMPTS, SAMPLES, VOCAB8, _ctx, _k
-from test_sampling import PROMPT, _exact_joint
+from test_sampling import check_two_tokens
 
 import specjax
-from specjax.bench.distribution import chi_square_p_value
 from specjax.core.sampling import SamplingConfig, probabilities
 from specjax.drafters import BlockHead, DFlash2
 
@@ -74,19 +73,10 @@ class BlockQ(DFlash2):
 @pytest.mark.parametrize("variant", ["exact", "block_q"])
 def test_sampling_follows_the_target_at_t1(variant):
     target = scaled_model(VOCAB8, seed=0, scale=6.0)
-    config = specjax.GenerationConfig.at_temperature(1.0, max_new_tokens=2, seed=1)
-    expected = _exact_joint(target, config.sampling)  # p(t1, t2 | PROMPT), [64]
     head = _dflash2(target, seed=4, scale=6.0, moved=3.0)
     if variant != "exact":
         head = BlockQ(**_fields(head))
-    out = specjax.generate(target, [PROMPT] * SAMPLES, config, draft=head, speculative=_k(2))
-    tokens = np.asarray(out.tokens)
-    p_value = chi_square_p_value(tokens[:, 0] * 8 + tokens[:, 1], expected)
-    if variant == "exact":
-        assert p_value > 1e-3
-        assert 0.0 < out.stats.acceptance_rate < 1.0
-    else:
-        assert p_value < 1e-8
+    check_two_tokens(target, head, _k(2), exact=variant == "exact", samples=SAMPLES)
 
 
 def test_untrained_extras_are_the_block_head(target):

@@ -21,10 +21,9 @@ from specjax.models import BlockMask, full_forward, init_cache
 from specjax.models.block_net import block_head_forward, block_head_states, block_logits_of, init_block_head_params
 from specjax.models.dspark_net import dspark_outputs, init_dspark_extras, markov_state
 from specjax.models.heads import head_config
-from test_sampling import PROMPT, _exact_joint
+from test_sampling import check_two_tokens
 
 import specjax
-from specjax.bench.distribution import chi_square_p_value
 from specjax.core.sampling import SamplingConfig, probabilities
 from specjax.drafters import DraftContext, DSpark
 from specjax.drafters.dspark import markov_chain
@@ -106,19 +105,10 @@ class QWithoutMarkov(DSpark):
 @pytest.mark.parametrize("variant", ["exact", "q_without_markov"])
 def test_sampling_follows_the_target_at_t1(variant):
     target = scaled_model(VOCAB8, seed=0, scale=6.0)
-    config = specjax.GenerationConfig.at_temperature(1.0, max_new_tokens=2, seed=1)
-    expected = _exact_joint(target, config.sampling)  # p(t1, t2 | PROMPT), [64]
     head = _dspark(target, seed=4, scale=6.0, markov=3.0)
     if variant != "exact":
         head = QWithoutMarkov(**{f.name: getattr(head, f.name) for f in dataclasses.fields(head)})
-    out = specjax.generate(target, [PROMPT] * SAMPLES, config, draft=head, speculative=_k(2))
-    tokens = np.asarray(out.tokens)
-    p_value = chi_square_p_value(tokens[:, 0] * 8 + tokens[:, 1], expected)
-    if variant == "exact":
-        assert p_value > 1e-3
-        assert 0.0 < out.stats.acceptance_rate < 1.0
-    else:
-        assert p_value < 1e-8
+    check_two_tokens(target, head, _k(2), exact=variant == "exact", samples=SAMPLES)
 
 
 # --- The network: the block head's when the Markov head is zero --------------------------------

@@ -169,6 +169,22 @@ def _exact_joint(target, sampling: SamplingConfig) -> np.ndarray:
     return np.asarray(first[:, None] * second).reshape(-1)
 
 
+def check_two_tokens(target, draft, speculative, exact: bool, samples: int = 3000) -> None:
+    """The first two tokens of `samples` T = 1 rows of PROMPT, drafted by `draft`, against the
+    exact joint of the processed target: a correct drafter passes (P_VALUE_PASS, and it both
+    accepts and rejects), a deliberately wrong one is caught (P_VALUE_FAIL)."""
+    config = specjax.GenerationConfig.at_temperature(1.0, max_new_tokens=2, seed=1)
+    expected = _exact_joint(target, config.sampling)  # p(t1, t2 | PROMPT), [V * V]
+    out = specjax.generate(target, [PROMPT] * samples, config, draft=draft, speculative=speculative)
+    tokens = np.asarray(out.tokens)
+    p_value = chi_square_p_value(tokens[:, 0] * target.config.vocab_size + tokens[:, 1], expected)
+    if exact:
+        assert p_value > P_VALUE_PASS
+        assert 0.0 < out.stats.acceptance_rate < 1.0
+    else:
+        assert p_value < P_VALUE_FAIL
+
+
 @pytest.fixture(scope="module")
 def pair8():
     target = scaled_model(VOCAB8, seed=0, scale=6.0)
