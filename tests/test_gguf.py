@@ -172,19 +172,25 @@ def gguf_pair(request, tmp_path_factory):
     return ours, theirs.eval(), path  # dequantized to float32 by transformers
 
 
-def test_logits_and_greedy_match_transformers(gguf_pair):
-    ours, theirs, _ = gguf_pair
-    ids = np.array([PROMPT])
+def assert_matches_transformers(ours, theirs, prompt: list[int], new_tokens: int) -> None:
+    """specjax's and transformers' models of one GGUF file: logits within 1e-4 of the largest
+    (and not all near zero), and the same greedy tokens."""
+    ids = np.array([prompt])
     got = specjax.io.model.logits(ours, ids)
     with torch.no_grad():
         want = theirs(torch.tensor(ids)).logits.numpy()
     err = np.abs(got - want).max() / np.abs(want).max()
     assert err < 1e-4, f"relative logit error {err:.2e}"
     assert np.abs(want).max() > 1e-2 and np.std(want[0, -1]) > 1e-3  # the comparison is not of zeros
-    out = specjax.generate(ours, [PROMPT], specjax.GenerationConfig(max_new_tokens=12))
+    out = specjax.generate(ours, [prompt], specjax.GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True))
     with torch.no_grad():
-        ref = theirs.generate(torch.tensor(ids), max_new_tokens=12, do_sample=False, eos_token_id=None)
-    assert out.tokens[0] == ref[0, len(PROMPT) :].tolist()
+        ref = theirs.generate(torch.tensor(ids), max_new_tokens=new_tokens, do_sample=False, eos_token_id=None)
+    assert out.tokens[0] == ref[0, len(prompt) :].tolist()
+
+
+def test_logits_and_greedy_match_transformers(gguf_pair):
+    ours, theirs, _ = gguf_pair
+    assert_matches_transformers(ours, theirs, PROMPT, new_tokens=12)
 
 
 def test_tokenizer_and_chat_template_match_transformers(gguf_pair):

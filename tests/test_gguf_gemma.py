@@ -19,9 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 from gguf import GGMLQuantizationType as Q
-from test_gguf import _encode
+from test_gguf import _encode, assert_matches_transformers
 from test_gguf_tokenizer import assert_same_tokenizer
 
 import specjax
@@ -149,17 +148,7 @@ def test_config_is_what_llama_cpp_and_transformers_assume(gemma_pair):
 
 def test_logits_and_greedy_match_transformers(gemma_pair):
     ours, theirs, _ = gemma_pair
-    ids = np.array([PROMPT])
-    got = specjax.io.model.logits(ours, ids)
-    with torch.no_grad():
-        want = theirs(torch.tensor(ids)).logits.numpy()
-    err = np.abs(got - want).max() / np.abs(want).max()
-    assert err < 1e-4, f"relative logit error {err:.2e}"
-    assert np.abs(want).max() > 1e-2 and np.std(want[0, -1]) > 1e-3  # the comparison is not of zeros
-    out = specjax.generate(ours, [PROMPT], specjax.GenerationConfig(max_new_tokens=8, ignore_eos=True))
-    with torch.no_grad():
-        ref = theirs.generate(torch.tensor(ids), max_new_tokens=8, do_sample=False, eos_token_id=None)
-    assert out.tokens[0] == ref[0, len(PROMPT) :].tolist()
+    assert_matches_transformers(ours, theirs, PROMPT, new_tokens=8)
 
 
 def test_norms_are_read_back_from_one_plus_w(gemma_pair):
