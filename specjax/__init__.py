@@ -21,6 +21,7 @@ The tree shows the architecture:
 from specjax import distributed  # noqa: F401 (specjax.distributed.initialize(...): multi-host runs)
 from specjax.api import generate, init_state, load_drafter, prepare, state_output, step
 from specjax.config import GenerationConfig, SpeculativeConfig
+from specjax.constraints import Constraint
 from specjax.core.loop import CacheConfig
 from specjax.drafters import Drafter, save_drafter
 from specjax.engine.adaptive_policy import AdaptiveConfig
@@ -48,6 +49,7 @@ from specjax.version import __version__  # noqa: F401 (specjax.__version__)
 __all__ = [
     "AdaptiveConfig",
     "CacheConfig",
+    "Constraint",
     "Drafter",
     "GenerationConfig",
     "GenerationOutput",

@@ -140,7 +140,9 @@ class SpeculativeConfig:
       from one forward), "prompt_lookup" (n-gram matching), "layer_skip" (the target's first
       `layers` layers), "head" (a trained or published Medusa / EAGLE / EAGLE-3 / block head),
       "fallback" (`first` where it found something, `then` elsewhere), "suffix" (suffix
-      decoding: the row's own text and `suffix_pool`). vLLM's names are
+      decoding: the row's own text and `suffix_pool`), "tli" (a draft model with another
+      tokenizer, `model`, restricted to the tokens both vocabularies share: token-level
+      intersection, drafters/cross_vocab.py). vLLM's names are
       aliases (`registry.ALIASES`: "ngram", "eagle", "eagle3", "medusa", ...). None: read from
       `model`, which says what it is (a head directory is a head, a draft that records a mask
       token is a PARD draft, any other model a draft model).
