@@ -31,7 +31,7 @@ def _records(path: Path) -> list[dict]:
 def builder():
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        return importlib.import_module("make_protocol_prompts")
+        return importlib.import_module("_protocol_qualitative")  # make_protocol_prompts.py's qualitative half
     finally:
         sys.path.remove(str(ROOT / "scripts"))
 
