@@ -1,4 +1,4 @@
-"""Helpers shared by scripts/round_profile.py and scripts/weight_formats.py.
+"""Helpers shared by the measuring scripts (round_profile.py, weight_formats.py, the parity scripts).
 
 Timing itself is specjax's (specjax/engine/clock.py: every call ends in block_until_ready,
 warm-up calls compile, configurations run round-robin so a noisy neighbour slows all alike);
@@ -35,6 +35,14 @@ def summary(seconds: list[float], scale: float = 1e3) -> dict:
     else:
         q1 = q3 = values[0]
     return {"median": statistics.median(values), "q1": q1, "q3": q3, "iqr": q3 - q1, "n": len(values)}
+
+
+def leading_agreement(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two sequences share (greedy agreement between two runs)."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def cpu_flags() -> dict[str, bool]:

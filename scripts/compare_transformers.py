@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -38,28 +39,14 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _timing import leading_agreement
+
 import specjax
+from specjax.engine.clock import cpu_model
 from specjax.io.embedded import embedded_path
 from specjax.io.presets import resolve_model
 from specjax.training.data import held_out_prompts
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _leading_agreement(a: list[int], b: list[int]) -> int:
-    """How many leading tokens two sequences share."""
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 def main() -> None:
@@ -177,7 +164,7 @@ def main() -> None:
 
     medians = {name: statistics.median(t) for name, t in times.items()}
     tps = {name: n / s for name, s in medians.items()}
-    agreement = {name: _leading_agreement(outputs["specjax_plain"], out) for name, out in outputs.items()}
+    agreement = {name: leading_agreement(outputs["specjax_plain"], out) for name, out in outputs.items()}
     # The headline ratios first: each specjax method over its HF counterpart(s).
     pairs = [("specjax_plain", "hf_generate")]
     pairs += [("specjax_speculative", other) for other in [*assistant_configs, "hf_generate", "specjax_plain"]]
@@ -190,7 +177,7 @@ def main() -> None:
         "transformers": transformers.__version__,
         "specjax": getattr(specjax, "__version__", None),
         "jax_backend": jax.default_backend(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
     }

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,11 @@ import numpy as np
 import torch
 import transformers
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _timing import leading_agreement
+
 import specjax
+from specjax.engine.clock import cpu_model
 from specjax.io.gguf_file import packaged_path
 from specjax.io.model import logits
 from specjax.io.weight_formats import with_weights
@@ -54,20 +57,6 @@ TOKENIZER_TEXTS = (
     "def f(x):\n    return x  # comment",
     CHAT.format(QUESTIONS[0]),
 )
-
-
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def _leading(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 def main() -> None:
@@ -124,7 +113,7 @@ def main() -> None:
             "torch": torch.__version__,
             "specjax_dtype": "float32",
         },
-        "hardware": f"{_cpu_model()}, {os.cpu_count()} cores, jax {jax.default_backend()}",
+        "hardware": f"{cpu_model()}, {os.cpu_count()} cores, jax {jax.default_backend()}",
         "command": "python scripts/gemma3_gguf_parity.py " + " ".join(sys.argv[1:]),
     }
     chats = []
@@ -156,11 +145,11 @@ def main() -> None:
             "max_abs_logit": float(np.abs(want).max()),
             "relative": float(diff.max() / np.abs(want).max()),
             "argmax_agree": f"{int((got.argmax(-1) == want.argmax(-1)).sum())}/{len(ids)}",
-            "greedy_agree": f"{_leading(out['float32'], ref)}/{args.new_tokens}",
+            "greedy_agree": f"{leading_agreement(out['float32'], ref)}/{args.new_tokens}",
             "greedy_specjax": tok.decode(out["float32"]),
             "greedy_transformers": tok.decode(ref),
             "formats_agree_with_float32": {
-                k: f"{_leading(v, out['float32'])}/{args.new_tokens}" for k, v in out.items() if k != "float32"
+                k: f"{leading_agreement(v, out['float32'])}/{args.new_tokens}" for k, v in out.items() if k != "float32"
             },
         }
         rows.append(row)

@@ -27,6 +27,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -38,8 +39,12 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _timing import leading_agreement
+
 import specjax
 from specjax.drafters import PromptLookup
+from specjax.engine.clock import cpu_model
 from specjax.io.gguf_file import packaged_path
 
 NAME, K = "smollm2-135m-instruct", 4
@@ -48,27 +53,12 @@ CATEGORIES = ("rewrite", "summarize", "explain", "code")
 DTYPES = (("fp32", ""), ("bf16", "_bf16"))  # (dtype, method-name suffix)
 
 
-def _cpu_model() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
 def _git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
         return (out.stdout.strip() or None) if out.returncode == 0 else None
     except OSError:
         return None
-
-
-def _leading_agreement(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 def _timed(fn) -> float:
@@ -198,10 +188,10 @@ def main() -> None:
     comparisons = [("specjax_plain", "hf_plain"), ("specjax_plain", "hf_lookup"), ("hf_plain", "hf_lookup")]
     comparisons += [("specjax_plain_bf16", "hf_plain_bf16"), ("specjax_plain", "specjax_plain_bf16")] * args.bf16
     comparisons += [("hf_plain", "hf_plain_bf16")] * args.bf16
-    agreement = {f"{a} vs {b}": [_leading_agreement(outputs[a, p], outputs[b, p]) for p in P] for a, b in comparisons}
+    agreement = {f"{a} vs {b}": [leading_agreement(outputs[a, p], outputs[b, p]) for p in P] for a, b in comparisons}
     env = dict(python=platform.python_version(), jax=jax.__version__, jax_backend=jax.default_backend())
     env |= dict(torch=torch.__version__, transformers=transformers.__version__, torch_threads=torch.get_num_threads())
-    env |= dict(cpu_model=_cpu_model(), cpu_count=os.cpu_count(), cpus_usable=len(os.sched_getaffinity(0)))
+    env |= dict(cpu_model=cpu_model(), cpu_count=os.cpu_count(), cpus_usable=len(os.sched_getaffinity(0)))
     env |= dict(load_average_start=load_start, load_average_end=os.getloadavg(), git_commit=_git_commit())
 
     cpus = f"{env['cpu_count']} CPUs ({env['cpus_usable']} usable)"
