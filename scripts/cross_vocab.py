@@ -1,17 +1,21 @@
 """Acceptance and speed of a draft with another tokenizer (token-level intersection,
-specjax/drafters/cross_vocab.py) beside plain decoding and, optionally, a same-tokenizer
-draft, on the stdlib chat prompts (configs/prompts/stdlib_chat), greedy.
+specjax/drafters/cross_vocab.py, and universal assisted generation, drafters/universal.py)
+beside plain decoding and, optionally, a same-tokenizer draft, on the stdlib chat prompts
+(configs/prompts/stdlib_chat), greedy.
 
 The default pair is SmolLM2-135M-Instruct (BPE, 49,152 tokens) drafted by the embedded
 byte-level stdlib-draft (259 tokens): the intersection is SmolLM2's single-byte tokens, so
 the draft can only propose those, and feeds every committed SmolLM2 token to itself as its
 bytes. A target token the draft cannot spell as one token (most words) is never proposed,
-so `output_tokens_in_intersection` bounds the acceptance. Every speculative run is checked
-against plain greedy output (`matches_plain`).
+so `output_tokens_in_intersection` bounds TLI's acceptance. UAG has no such bound: the
+draft's text (K draft tokens, or --uag-draft-length) is re-encoded by SmolLM2's tokenizer,
+so a drafted word can become one SmolLM2 token. Every speculative run is checked against
+plain greedy output (`matches_plain`).
 
     python scripts/cross_vocab.py --out results/cross_vocab/smollm2_stdlib_draft.json
     python scripts/cross_vocab.py --same-tokenizer-draft smollm2-draft --ks 2 4 \\
         --out results/cross_vocab/smollm2_stdlib_draft_vs_smollm2_draft.json
+    python scripts/cross_vocab.py --methods uag --uag-draft-length 12 --ks 4   # bytes per round
 
 Plain and speculative runs are timed round-robin (specjax/engine/clock.py), so a noisy
 neighbour slows all alike; run it on a quiet machine for numbers worth quoting.
@@ -30,6 +34,7 @@ from _timing import chat_prompts, log, machine, summary, write_json
 import specjax
 from specjax.drafters import DraftModel
 from specjax.drafters.cross_vocab import CrossVocab
+from specjax.drafters.universal import Universal
 from specjax.engine.clock import interleaved
 from specjax.io.presets import load_model
 
@@ -40,6 +45,8 @@ def main() -> None:
     parser.add_argument("--draft", default="stdlib-draft", help="a draft with another tokenizer than the target's")
     parser.add_argument("--same-tokenizer-draft", default=None, help="also time this draft model (e.g. smollm2-draft)")
     parser.add_argument("--ks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--methods", nargs="+", choices=["tli", "uag"], default=["tli", "uag"])
+    parser.add_argument("--uag-draft-length", type=int, default=0, help="draft tokens per UAG round (0: K)")
     parser.add_argument("--catch-up", type=int, default=16, help="draft tokens per catch-up forward")
     parser.add_argument("--prompts", type=int, default=4, help="chat prompts, one batch")
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -49,6 +56,10 @@ def main() -> None:
 
     target, draft = load_model(args.target), load_model(args.draft, seed=1)
     tli = CrossVocab.between(draft, target, catch_up=args.catch_up)
+    drafters = {
+        "tli": tli,
+        "uag": Universal.between(draft, target, catch_up=args.catch_up, draft_length=args.uag_draft_length),
+    }
     tables = tli.tables
     log(f"intersection {tables.intersection} of {target.config.vocab_size} target tokens, "
         f"longest target token {tables.max_pieces} draft tokens")  # fmt: skip
@@ -58,7 +69,8 @@ def main() -> None:
     runs = {"plain": specjax.prepare(target, prompts, config)}
     for k in args.ks:
         spec = specjax.SpeculativeConfig(num_speculative_tokens=k)
-        runs[f"tli K={k}"] = specjax.prepare(target, prompts, config, draft=tli, speculative=spec)
+        for method in args.methods:
+            runs[f"{method} K={k}"] = specjax.prepare(target, prompts, config, draft=drafters[method], speculative=spec)
         if args.same_tokenizer_draft:
             same = DraftModel(load_model(args.same_tokenizer_draft, seed=1))
             runs[f"{args.same_tokenizer_draft} K={k}"] = specjax.prepare(target, prompts, config, draft=same,
@@ -94,6 +106,8 @@ def main() -> None:
         "target": args.target,
         "draft": args.draft,
         "same_tokenizer_draft": args.same_tokenizer_draft,
+        "methods": args.methods,
+        "uag_draft_length": args.uag_draft_length,
         "intersection": tables.intersection,
         "target_vocab": target.config.vocab_size,
         "max_pieces": tables.max_pieces,

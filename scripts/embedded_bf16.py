@@ -11,8 +11,11 @@ rounded to bfloat16 (checked after converting). Run once, from the repository ro
     python scripts/embedded_bf16.py --check         # only report what is stored how
     python scripts/embedded_bf16.py --measure F     # greedy outputs and acceptance, as JSON (before/after)
 
-Draft models (stdlib-draft, -pretrained, -pard-draft) stay float32: they are what the
-distillation results were measured with, and they are small.
+    python scripts/embedded_bf16.py --drafts        # the three draft models too (2026-12-06)
+
+The draft models (stdlib-draft, -pretrained, -pard-draft) stayed float32 at first (what the
+distillation results were measured with); they followed when a sixth head (DFlash 2) took the
+wheel past 25 MB (`results/embedded_bf16/README.md`, "The draft models").
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from safetensors.numpy import load_file, save_file
 ROOT = Path(__file__).resolve().parent.parent / "models" / "pretrained"
 TARGET = "stdlib-target"
 HEADS = ("stdlib-medusa", "stdlib-eagle", "stdlib-eagle3", "stdlib-eagle3-published", "stdlib-block-head")
+DRAFTS = ("stdlib-draft", "stdlib-draft-pretrained", "stdlib-pard-draft")
 
 
 def to_bfloat16(path: Path) -> tuple[int, int]:
@@ -70,7 +74,7 @@ def measure(out: Path) -> None:
     prompts = held_out_prompts("code", 16, 48, split="validation")
     config = specjax.GenerationConfig(max_new_tokens=64, ignore_eos=True)
     result = {"plain_tokens": specjax.generate(target, prompts, config).tokens, "mean_acceptance_length": {}}
-    for name in ("stdlib-draft", "stdlib-pard-draft", *HEADS):
+    for name in ("stdlib-draft", "stdlib-draft-pretrained", "stdlib-pard-draft", *HEADS):
         out_spec = specjax.generate(target, prompts, config, draft=specjax.load_drafter(name, target),
                                     speculative=specjax.SpeculativeConfig(num_speculative_tokens=4))  # fmt: skip
         assert out_spec.tokens == result["plain_tokens"], name  # greedy speculation stays exact
@@ -81,7 +85,7 @@ def measure(out: Path) -> None:
 
 
 def report() -> None:
-    for name in (TARGET, *HEADS):
+    for name in (TARGET, *HEADS, *DRAFTS):
         tensors = load_file(str(ROOT / name / "model.safetensors"))
         dtypes = sorted({str(v.dtype) for v in tensors.values()})
         print(f"{name}: {', '.join(dtypes)}")
@@ -91,9 +95,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="only report the stored dtypes")
     parser.add_argument("--measure", type=Path, default=None, help="only measure, into this JSON file")
+    parser.add_argument("--drafts", action="store_true", help="convert the three draft models (nothing else)")
     args = parser.parse_args()
     if args.measure is not None:
         return measure(args.measure)
+    if args.drafts:
+        for name in DRAFTS:
+            before, after = to_bfloat16(ROOT / name / "model.safetensors")
+            print(f"{name}: {before / 1e6:.2f} MB -> {after / 1e6:.2f} MB")
+        return report()
     if not args.check:
         for name in (TARGET, *HEADS):
             before, after = to_bfloat16(ROOT / name / "model.safetensors")

@@ -142,7 +142,8 @@ class SpeculativeConfig:
       "fallback" (`first` where it found something, `then` elsewhere), "suffix" (suffix
       decoding: the row's own text and `suffix_pool`), "tli" (a draft model with another
       tokenizer, `model`, restricted to the tokens both vocabularies share: token-level
-      intersection, drafters/cross_vocab.py). vLLM's names are
+      intersection, drafters/cross_vocab.py), "uag" (such a draft, unrestricted: its text re-encoded
+      by the target's tokenizer, universal assisted generation, drafters/universal.py). vLLM's names are
       aliases (`registry.ALIASES`: "ngram", "eagle", "eagle3", "medusa", ...). None: read from
       `model`, which says what it is (a head directory is a head, a draft that records a mask
       token is a PARD draft, any other model a draft model).

@@ -1,7 +1,8 @@
-"""A draft with another tokenizer (drafters/cross_vocab.py, token-level intersection): the
-tables between two vocabularies, greedy output equal to the target's plain greedy output,
-and T = 1 output following the target's distribution, with a wrong variant (q the draft's
-unrestricted distribution) failing the same test.
+"""A draft with another tokenizer (drafters/cross_vocab.py, token-level intersection, and
+drafters/universal.py, universal assisted generation): the tables between two
+vocabularies, greedy output equal to the target's plain greedy output, and T = 1 output
+following the target's distribution, with a wrong variant (TLI: q the draft's unrestricted
+distribution; UAG: a q where its proposal is deterministic) failing the same test.
 
 The greedy pair shares one network across two vocabularies: the target's tokenizer is a BPE
 whose ids 0..255 are the single bytes in byte order (merged tokens after), and the draft is
@@ -25,6 +26,7 @@ import specjax
 from specjax.bench.distribution import chi_square_p_value
 from specjax.core.sampling import SamplingConfig, probabilities
 from specjax.drafters.cross_vocab import CrossVocab
+from specjax.drafters.universal import Universal
 from specjax.drafters.vocab_tables import build_tables
 from specjax.io.tokenizer import ByteTokenizer, _byte_level_chars
 
@@ -158,7 +160,15 @@ def small_pair():
     return dataclasses.replace(target, tokenizer=t), dataclasses.replace(draft, tokenizer=d)
 
 
-@pytest.mark.parametrize("kind", [CrossVocab, UnrestrictedQ])
+@dataclasses.dataclass(frozen=True)
+class UniformQ(Universal):
+    """Wrong: reports its deterministic proposal as drawn uniformly from the target's vocabulary."""
+
+    def proposal(self, tokens, counts):
+        return dataclasses.replace(super().proposal(tokens, counts), q=jnp.full((*tokens.shape, 8), 1 / 8))
+
+
+@pytest.mark.parametrize("kind", [CrossVocab, UnrestrictedQ, Universal, UniformQ])
 def test_sampling_follows_the_target_and_a_wrong_q_does_not(small_pair, kind):
     target, draft = small_pair
     prompt = [0, 4, 2]
@@ -179,7 +189,7 @@ def test_sampling_follows_the_target_and_a_wrong_q_does_not(small_pair, kind):
     )
     tokens = np.asarray(out.tokens)
     p_value = chi_square_p_value(tokens[:, 0] * 8 + tokens[:, 1], expected)
-    if kind is CrossVocab:
+    if kind in (CrossVocab, Universal):
         assert p_value > P_VALUE_PASS
         assert 0.0 < out.stats.acceptance_rate < 1.0
     else:
@@ -208,3 +218,47 @@ def test_bad_specs_are_refused(shared_pair):
         specjax.load_drafter(spec, dataclasses.replace(target, tokenizer=words), load=lambda name: draft)
     with pytest.raises(ValueError, match="built for a target of"):
         built.check(target.config.replace(vocab_size=64), 4)
+
+
+# --- Universal assisted generation --------------------------------------------------------------
+
+
+def test_uag_greedy_equals_plain_greedy(shared_pair):
+    """A ragged batch of 2, the byte draft's text re-encoded by the target's BPE: the output is
+    the target's plain greedy output, token for token (pure_callback in the jitted loop)."""
+    target, draft = shared_pair
+    prompts = _prompts(target.tokenizer)[:2]
+    assert len(prompts[0]) != len(prompts[1])
+    expected = plain_greedy(target, prompts, 24)
+    drafter = Universal.between(draft, target, catch_up=3, draft_length=4)
+    config = specjax.GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    out = specjax.generate(
+        target, prompts, config, draft=drafter, speculative=specjax.SpeculativeConfig(num_speculative_tokens=3)
+    )
+    assert out.tokens == expected
+    assert 0 < out.stats.accepted_tokens < out.stats.drafted_tokens
+
+
+def test_uag_retokenizes_text_and_specs(shared_pair):
+    target, draft = shared_pair
+    drafter = specjax.load_drafter({"method": "uag", "model": "the-draft"}, target, load=lambda name: draft)
+    assert isinstance(drafter, Universal) and drafter.catch_up == 16
+    eos = target.tokenizer.eos_token_id
+    drafts = np.array([list(b"the cat"), [*b"ab\xe2\x82", 97, 98, 99], [258, *b"abcdef"], [*b"ab", 257, *b"abcd"]])
+    ids, counts = drafter.retokenizer(drafts, 3)
+    the_cat, ab = (target.tokenizer.encode(text, add_special_tokens=False) for text in ("the cat", "ab"))
+    assert ids[0].tolist() == the_cat[:3] and counts[0] == 3 and len(the_cat) > 3
+    assert counts[1] == len(ab) < 3 and ids[1].tolist() == ab + ab[-1:] * (3 - len(ab))  # cut mid-character, padded
+    assert counts[2] == 0  # a special first: nothing to propose
+    assert counts[3] == len(ab)  # <eos>: the draft's special has no target twin ("<|endoftext|>"), the text ends
+    assert eos not in ids[3]
+    # A target sharing no token with the draft: TLI refuses it, UAG proposes through text.
+    words = dataclasses.replace(target, tokenizer=small_bpe(["ab", "cd"], []))
+    assert isinstance(specjax.load_drafter({"method": "uag", "model": "d"}, words, load=lambda n: draft), Universal)
+    with pytest.raises(ValueError, match="draft's tokenizer"):
+        Universal.between(dataclasses.replace(draft, tokenizer=None), target)
+    with pytest.raises(ValueError, match="universal assisted generation needs the target's tokenizer"):
+        specjax.load_drafter({"method": "uag", "model": "d"}, dataclasses.replace(target, tokenizer=None),
+                             load=lambda n: draft)  # fmt: skip
+    with pytest.raises(ValueError, match="target Model"):
+        specjax.load_drafter({"method": "uag", "model": "d"}, target.config, load=lambda n: draft)

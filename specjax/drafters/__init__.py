@@ -13,6 +13,10 @@ dspark.py         DSpark: a block head plus a low-rank Markov head (each draft r
                   confidence head (Proposal.confidence)
 dflash2.py        DFlash 2: a block head plus a two-tap dynamic convolution across the block and a selector
                   choosing the proposal among the block's top paths
+cross_vocab.py    a draft with another tokenizer, proposing only tokens both vocabularies share (TLI)
+universal.py      a draft with another tokenizer, proposing through text re-encoded by the target's (UAG)
+foreign_draft.py  what those two share: the draft's own cache in its own token positions, caught up
+                  by the pieces of the committed target tokens (vocab_tables.py)
 formats/          head files: specjax's own (`save_drafter`, `load_head`, checked against their target)
                   and the layouts others publish (EAGLE, EAGLE-3, Medusa, speculators), read and written
 proposing.py      from distributions to proposals: draw, chains, one-pass blocks, tree expansion
@@ -27,6 +31,7 @@ from __future__ import annotations
 from specjax.drafters.base import DraftContext, Drafter, Proposal, TreeProposal
 from specjax.drafters.block_head import BlockHead
 from specjax.drafters.convert import as_drafter
+from specjax.drafters.cross_vocab import CrossVocab
 from specjax.drafters.dflash2 import DFlash2
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.dspark import DSpark
@@ -39,10 +44,12 @@ from specjax.drafters.parallel_draft import ParallelDraft
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.drafters.registry import REGISTRY, make_drafter, register
 from specjax.drafters.suffix import SuffixDecoding
+from specjax.drafters.universal import Universal
 
 __all__ = [
     "REGISTRY",
     "BlockHead",
+    "CrossVocab",
     "DFlash2",
     "DSpark",
     "DraftContext",
@@ -57,6 +64,7 @@ __all__ = [
     "Proposal",
     "SuffixDecoding",
     "TreeProposal",
+    "Universal",
     "as_drafter",
     "load_head",
     "make_drafter",

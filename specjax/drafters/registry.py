@@ -30,6 +30,7 @@ from specjax.drafters.layer_skip import LayerSkip
 from specjax.drafters.parallel_draft import ParallelDraft
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.drafters.suffix import suffix_drafter
+from specjax.drafters.universal import Universal
 from specjax.io.embedded import embedded_heads, embedded_names, embedded_path
 from specjax.io.gguf_file import PACKAGED
 from specjax.io.model import Model
@@ -109,10 +110,13 @@ def _parallel_draft(spec, build: Build) -> Drafter:
     return ParallelDraft(model, mask, **_set(spec, catch_up="catch_up", tree_candidates="tree_candidates"))
 
 
-def _tli(spec, build: Build) -> Drafter:
-    if not isinstance(build.target, Model):  # the tables come from the target's tokenizer
-        raise ValueError("method 'tli' needs the target Model (its tokenizer), not only its config")
-    return CrossVocab.between(build.load(spec.model), build.target, **_set(spec, catch_up="catch_up"))
+def _cross_vocab(kind: type[CrossVocab] | type[Universal]) -> Callable[[Any, Build], Drafter]:
+    def build_it(spec, build: Build) -> Drafter:
+        if not isinstance(build.target, Model):  # the tables come from the target's tokenizer
+            raise ValueError(f"method {kind.name!r} needs the target Model (its tokenizer), not only its config")
+        return kind.between(build.load(spec.model), build.target, **_set(spec, catch_up="catch_up"))
+
+    return build_it
 
 
 def _head(spec, build: Build) -> Drafter:
@@ -134,8 +138,10 @@ register("layer_skip", _layer_skip, {"layers", *_MODEL_ARGS}, doc="the target's 
 register("draft_model", _draft_model, {"model", *_MODEL_ARGS}, {"model"}, doc="a draft model")
 register("parallel_draft", _parallel_draft, {"model", "mask_token_id", *_MODEL_ARGS}, {"model"},
          doc="a PARD-trained draft model: K proposals from one forward")  # fmt: skip
-register("tli", _tli, {"model", "catch_up"}, {"model"},
+register("tli", _cross_vocab(CrossVocab), {"model", "catch_up"}, {"model"},
          doc="a draft model with another tokenizer: token-level intersection (Timor et al. 2025)")  # fmt: skip
+register("uag", _cross_vocab(Universal), {"model", "catch_up"}, {"model"},
+         doc="a draft model with another tokenizer: its text re-encoded (universal assisted generation)")  # fmt: skip
 register("fallback", lambda spec, b: Fallback(b.make(spec.first), b.make(spec.then)), {"first", "then"},
          {"first", "then"}, doc="`first` where it found something, `then` elsewhere")  # fmt: skip
 register("head", _head, {"model", "allow_transfer", "aux_layers", "aux_convention"}, {"model"},

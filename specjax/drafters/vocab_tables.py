@@ -73,12 +73,16 @@ def token_bytes(tokenizer, vocab_size: int) -> tuple[tuple[bytes | None, ...], n
     return spelled.spelled, spelled.special
 
 
-def build_tables(target_tokenizer, target_vocab: int, draft_tokenizer, draft_vocab: int) -> VocabTables:
+def build_tables(
+    target_tokenizer, target_vocab: int, draft_tokenizer, draft_vocab: int, intersection: bool = True
+) -> VocabTables:
     """The tables for a target of `target_vocab` ids drafted by a draft of `draft_vocab` ids.
 
-    ValueError when the intersection is empty (no draft token could ever be proposed), or
-    when a target token's bytes cannot be written in draft tokens at all (a draft
-    vocabulary without those bytes and without an unknown token)."""
+    intersection=False: only the pieces (UAG proposes through text, never through shared
+    tokens: draft_to_target is -1 everywhere and draft_feed the identity).
+    ValueError when the intersection is empty (no draft token could ever be proposed; only
+    with intersection=True), or when a target token's bytes cannot be written in draft
+    tokens at all (a draft vocabulary without those bytes and without an unknown token)."""
     target, target_special = token_bytes(target_tokenizer, target_vocab)
     draft, draft_special = token_bytes(draft_tokenizer, draft_vocab)
     by_bytes: dict[tuple[bool, bytes], int] = {}
@@ -95,9 +99,9 @@ def build_tables(target_tokenizer, target_vocab: int, draft_tokenizer, draft_voc
         owner.setdefault(d, t)
     draft_to_target = np.full(draft_vocab, -1, np.int32)
     for i, b in enumerate(draft):
-        if b:  # draft ids with the same bytes all stand for the same target token
+        if b and intersection:  # draft ids with the same bytes all stand for the same target token
             draft_to_target[i] = owner.get(by_bytes[(bool(draft_special[i]), b)], -1)
-    if not (draft_to_target >= 0).any():
+    if intersection and not (draft_to_target >= 0).any():
         raise ValueError(
             "the draft and target tokenizers share no token (the token-level intersection is empty): "
             "this draft could never propose a target token"
@@ -134,7 +138,7 @@ def _encode_all(target, target_special, target_single, draft, draft_special, dra
             except UnicodeDecodeError:
                 pass
     if texts:
-        for t, ids in zip(which, _encode_texts(draft_tokenizer, texts), strict=True):
+        for t, ids in zip(which, encode_texts(draft_tokenizer, texts), strict=True):
             spelled = all(0 <= i < len(draft) and draft[i] is not None for i in ids)
             if spelled and b"".join(draft[i] for i in ids) == target[t]:
                 out[t] = list(ids)
@@ -149,7 +153,7 @@ def _encode_all(target, target_special, target_single, draft, draft_special, dra
     return out
 
 
-def _encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
+def encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
     if isinstance(tokenizer, ByteTokenizer):
         return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
     return tokenizer(texts, add_special_tokens=False)["input_ids"]
