@@ -7,6 +7,7 @@ to be able to fail.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import jax
@@ -39,10 +40,17 @@ def scaled_model(config: specjax.ModelConfig, seed: int, scale: float = 8.0) -> 
 
 def noisy_copy(model: specjax.Model, noise: float, seed: int) -> specjax.Model:
     """A draft that tracks `model` imperfectly: every weight gets relative Gaussian noise."""
-    leaves, treedef = jax.tree.flatten(model.params)
+    return specjax.Model(model.config, _noisy_params(model.params, noise, seed))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _noisy_params(params, noise: float, seed: int):
+    # One program per params structure: op by op, every weight shape compiled its own
+    # random-normal and std kernels (seconds per model, in many modules).
+    leaves, treedef = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(seed), len(leaves))
     noisy = [x + noise * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
-    return specjax.Model(model.config, jax.tree.unflatten(treedef, noisy))
+    return jax.tree.unflatten(treedef, noisy)
 
 
 @pytest.fixture(scope="session")

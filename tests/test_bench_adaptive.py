@@ -5,20 +5,15 @@ of the bench run."""
 from __future__ import annotations
 
 import pytest
-from conftest import noisy_copy, scaled_model
-from test_bench import BYTE_CONFIG, K_MAX, TINY_BENCH
+from test_bench import K_MAX, TINY_BENCH, bench_pair
 
-import specjax
 from specjax.bench import BenchConfig, run_bench
 from specjax.configs import from_dict
-from specjax.io.tokenizer import ByteTokenizer
 
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
-    target = scaled_model(BYTE_CONFIG, seed=0)
-    target = specjax.Model(target.config, target.params, tokenizer=ByteTokenizer())
-    draft = noisy_copy(target, noise=0.4, seed=3)
+    target, draft = bench_pair()
     config = from_dict(BenchConfig, {**TINY_BENCH, "experiments": ["adaptive_sweep"]})
     out = tmp_path_factory.mktemp("bench_adaptive")
     return run_bench(config, out, target=target, draft=draft, progress=False), out

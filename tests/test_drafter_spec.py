@@ -13,6 +13,7 @@ from specjax.cli import main
 from specjax.config import SpeculativeConfig
 from specjax.drafters import (
     BlockHead,
+    DFlash2,
     DraftModel,
     DSpark,
     Eagle,
@@ -94,6 +95,7 @@ def test_a_spec_a_method_cannot_run_is_a_one_line_error(mapping, message):
         ("stdlib-eagle3-published", Eagle),
         ("stdlib-block-head", BlockHead),
         ("stdlib-dspark-head", DSpark),
+        ("stdlib-dflash2-head", DFlash2),
         ("prompt-lookup", PromptLookup),
         ("layer-skip:2", LayerSkip),
     ],

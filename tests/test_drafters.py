@@ -56,8 +56,16 @@ def plain(target):
     return specjax.generate(target, PROMPTS, GREEDY)
 
 
-@pytest.mark.parametrize("k", [1, 2, 5, 8])
-@pytest.mark.parametrize("name", DRAFTER_NAMES)
+# K sets shapes only. The base drafters run K = 1, 2, 5 and 8; the variants built from them (an
+# n-gram setting, Fallbacks) K = 1, 2 and 5, whose K-dependent work is their parts'.
+GREEDY_CASES = [
+    (name, k)
+    for name in DRAFTER_NAMES
+    for k in ([1, 2, 5, 8] if name in ("draft_model", "prompt_lookup", "layer_skip") else [1, 2, 5])
+]
+
+
+@pytest.mark.parametrize("name, k", GREEDY_CASES)
 def test_greedy_equals_plain_greedy(target, drafters, plain, name, k):
     out = specjax.generate(target, PROMPTS, GREEDY, draft=drafters[name], speculative=_k(k))
     assert out.tokens == plain.tokens
@@ -65,19 +73,14 @@ def test_greedy_equals_plain_greedy(target, drafters, plain, name, k):
     assert s.drafted_tokens == k * s.rounds
     assert s.rounds <= s.generated_tokens <= (k + 1) * s.rounds
     assert s.drafter["kind"] == drafters[name].name
+    if k == 2:  # the equality tests exercise both acceptances and rejections for every drafter
+        assert 0.0 < s.acceptance_rate < 1.0
 
 
 @pytest.mark.parametrize("name", DRAFTER_NAMES)
-def test_drafters_are_partially_accepted(target, drafters, name):
-    """The equality tests must exercise both acceptances and rejections for every drafter."""
-    out = specjax.generate(target, PROMPTS, GREEDY, draft=drafters[name], speculative=_k(3))
-    assert 0.0 < out.stats.acceptance_rate < 1.0
-
-
-@pytest.mark.parametrize("name", DRAFTER_NAMES)
-def test_eos_cuts_rows_at_different_rounds(target, drafters, name):
-    """An EOS that some rows emit early and others never: each row stops on its own."""
-    plain = specjax.generate(target, PROMPTS, GREEDY)
+def test_eos_cuts_rows_at_different_rounds(target, drafters, plain, name):
+    """An EOS that some rows emit early and others never: each row stops on its own. (K = 5:
+    the EOS is no part of the compiled program, so this reuses the greedy test's K = 5 one.)"""
     counts = {}
     for row in plain.tokens:
         for t in set(row[2:12]):
@@ -87,16 +90,16 @@ def test_eos_cuts_rows_at_different_rounds(target, drafters, name):
     expected = specjax.generate(target, PROMPTS, config)
     lengths = {len(t) for t in expected.tokens}
     assert len(lengths) > 1 and min(lengths) < NEW, "the EOS must cut some rows and not others"
-    out = specjax.generate(target, PROMPTS, config, draft=drafters[name], speculative=_k(4))
+    out = specjax.generate(target, PROMPTS, config, draft=drafters[name], speculative=_k(5))
     assert out.tokens == expected.tokens
 
 
 @pytest.mark.parametrize("name", ["prompt_lookup", "layer_skip", "lookup_then_model"])
 def test_batched_equals_per_row(target, drafters, name):
-    config = GREEDY.replace(max_new_tokens=16)
-    batched = specjax.generate(target, PROMPTS, config, draft=drafters[name], speculative=_k(3))
+    # GREEDY and K = 2: the batched run reuses the greedy test's program.
+    batched = specjax.generate(target, PROMPTS, GREEDY, draft=drafters[name], speculative=_k(2))
     for prompt, tokens in zip(PROMPTS, batched.tokens, strict=True):
-        alone = specjax.generate(target, [prompt], config, draft=drafters[name], speculative=_k(3))
+        alone = specjax.generate(target, [prompt], GREEDY, draft=drafters[name], speculative=_k(2))
         assert alone.tokens == [tokens]
 
 
@@ -166,12 +169,13 @@ def test_model_drafter_behind_another_catches_up_k_plus_1_tokens(target):
     expected = continuation[k + 1 :]
     honest = state.draft_state  # its cache holds the prompt, and its lengths say so
     claiming = honest.replace(cache=honest.cache.replace(lengths=ctx.lengths - 1))
-    for drafter, draft_state, catches_up in (
-        (DraftModel(target).tolerating_lag(k + 1), honest, True),
-        (DraftModel(target), honest, True),
-        (DraftModel(target), claiming, False),
+    lone = jax.jit(DraftModel(target).propose)  # one program for the honest and the claiming cache
+    for propose, draft_state, catches_up in (
+        (jax.jit(DraftModel(target).tolerating_lag(k + 1).propose), honest, True),
+        (lone, honest, True),
+        (lone, claiming, False),
     ):
-        proposal, _ = jax.jit(drafter.propose)(target.params, draft_state, ctx, jax.random.key(0))
+        proposal, _ = propose(target.params, draft_state, ctx, jax.random.key(0))
         assert (np.asarray(proposal.tokens)[0].tolist() == expected) == catches_up
 
 
@@ -179,9 +183,9 @@ def test_layer_skip_reads_the_targets_params_without_copies(target):
     """Two targets with different weights but one config share the compiled program, and
     the draft follows each target's own weights (its layers are never baked in)."""
     other = scaled_model(TARGET_CONFIG, seed=7)
-    for model in (target, other):
-        out = specjax.generate(model, PROMPTS, draft=LayerSkip(1), speculative=_k(3))
-        assert out.tokens == specjax.generate(model, PROMPTS).tokens
+    for model in (target, other):  # (GREEDY and K = 2: the greedy test's programs)
+        out = specjax.generate(model, PROMPTS, GREEDY, draft=LayerSkip(1), speculative=_k(2))
+        assert out.tokens == specjax.generate(model, PROMPTS, GREEDY).tokens
 
 
 def test_layer_skip_starts_from_the_targets_prefilled_cache(target):
@@ -218,7 +222,7 @@ def test_layer_skip_starts_from_the_targets_prefilled_cache(target):
 
 VOCAB8 = TARGET_CONFIG.replace(vocab_size=8)
 SAMPLE_PROMPT = [1, 2, 3, 1, 2]  # lookup proposes [3, 1, 2, ...] on the first round
-SAMPLES = 6000
+SAMPLES = 3000  # the wrong variants fail by p < 1e-40 at this size (1e-8 needed)
 SAMPLINGS = {
     "t1": specjax.GenerationConfig(max_new_tokens=3, do_sample=True, temperature=1.0),
     "t0.7_topk5_topp0.9": specjax.GenerationConfig(

@@ -11,10 +11,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import noisy_copy, scaled_model
-from test_bench import BYTE_CONFIG
+from test_bench import bench_pair
 
-import specjax
 from specjax.bench import BenchConfig, run_bench
 from specjax.configs import from_dict
 from specjax.io.tokenizer import ByteTokenizer
@@ -78,8 +76,7 @@ def bench(tmp_path_factory):
     (prompts / "qualitative.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     long = [{"category": "b32", "turns": ["the quick brown fox jumps"]}, {"category": "b32", "turns": ["abc " * 6]}]
     (prompts / "throughput_b32.jsonl").write_text("".join(json.dumps(r) + "\n" for r in long))
-    target = scaled_model(BYTE_CONFIG, seed=0)
-    target = specjax.Model(target.config, target.params, tokenizer=ByteTokenizer())
+    target, draft = bench_pair()
     config = {
         "experiments": ["protocol"],
         "max_new_tokens": 2,
@@ -93,7 +90,6 @@ def bench(tmp_path_factory):
             "ks": [1, 2],
         },
     }
-    draft = noisy_copy(target, noise=0.4, seed=3)
     out = tmp_path_factory.mktemp("bench_protocol")
     return run_bench(from_dict(BenchConfig, config), out, target=target, draft=draft, progress=False), out
 

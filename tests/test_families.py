@@ -218,9 +218,10 @@ def test_a_tree_wider_than_the_window_is_refused():
     kv = jnp.zeros((1, 3, 2, 16))
     positions = jnp.asarray([[4, 5, 5]], jnp.int32)
     tree = TreeMask(start=jnp.asarray([4]), slots=jnp.asarray([[4, 5, 6]]), visible=jnp.tril(jnp.ones((3, 3), bool)))
+    jit_attend = jax.jit(attend, static_argnums=5, static_argnames=("window",))  # one compile, not op by op
     with pytest.raises(ValueError, match=r"token tree of 3 slots is wider than the sliding window \(2\)"):
-        attend(q, kv, kv, positions, cache, 0, tree, window=2)
-    attend(q, kv, kv, positions, cache, 0, tree, window=3)
+        jit_attend(q, kv, kv, positions, cache, 0, tree, window=2)
+    jit_attend(q, kv, kv, positions, cache, 0, tree, window=3)
 
 
 @pytest.mark.parametrize("family", ["gemma2"], indirect=True)

@@ -283,6 +283,7 @@ def test_kill_9_during_head_training_then_resume(target_dir, tmp_path):
         "stdlib-eagle3-published",
         "stdlib-block-head",
         "stdlib-dspark-head",
+        "stdlib-dflash2-head",
     ],
 )
 def test_embedded_heads_decode_exactly_and_are_accepted(name):

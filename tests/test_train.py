@@ -41,17 +41,31 @@ def _assert_same_params(a, b):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
 
 
-def test_loss_decreases_and_metrics_are_written(tmp_path):
-    train(_config(30), tmp_path, progress=False)
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+@pytest.fixture(scope="module")
+def run30(tmp_path_factory):
+    """An uninterrupted 30-step run: its metrics, and the parameters the killed run must reach."""
+    out = tmp_path_factory.mktemp("run30")
+    return out, train(_config(30), out, progress=False)
+
+
+@pytest.fixture(scope="module")
+def run12(tmp_path_factory):
+    """An uninterrupted 12-step run that the resumed 12-step runs must reproduce."""
+    out = tmp_path_factory.mktemp("run12")
+    return out, train(_config(12), out, progress=False)
+
+
+def test_loss_decreases_and_metrics_are_written(run30):
+    out, _ = run30
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(2, 31, 2))
     assert rows[-1]["loss"] < rows[0]["loss"] - 0.5
     assert "val_bits_per_byte_code" in rows[2] and "val_bits_per_byte_prose" in rows[-1]
     assert all(r["tokens_per_second"] > 0 for r in rows)
 
 
-def test_resume_reaches_the_uninterrupted_parameters(tmp_path):
-    straight = train(_config(12), tmp_path / "straight", progress=False)
+def test_resume_reaches_the_uninterrupted_parameters(run12, tmp_path):
+    _, straight = run12
     first = train(_config(12), tmp_path / "resumed", progress=False, stop_after=6)  # checkpoint at 4, stops at 6
     assert not np.allclose(jax.tree.leaves(first.params)[0], jax.tree.leaves(straight.params)[0])
     resumed = train(_config(12), tmp_path / "resumed", progress=False)
@@ -60,34 +74,33 @@ def test_resume_reaches_the_uninterrupted_parameters(tmp_path):
     assert steps == sorted(set(steps)), "metrics after the checkpoint must not be duplicated"
 
 
-def test_a_run_dir_refuses_a_different_config(tmp_path):
-    train(_config(4), tmp_path, progress=False)
+def test_a_run_dir_refuses_a_different_config(run12):
+    out, _ = run12  # the check comes before anything is written: the fixture's run is untouched
     with pytest.raises(ValueError, match="holds a run with a different config"):
-        train(_config(5), tmp_path, progress=False)
+        train(_config(5), out, progress=False)
 
 
-def test_kill_9_during_training_then_resume(tmp_path):
-    """A real SIGKILL mid-run: the restarted command ends where an uninterrupted run does."""
-    config = _config(40)
+def test_kill_9_during_training_then_resume(run30, tmp_path):
+    """A real SIGKILL mid-run: the restarted command ends where an uninterrupted run (run30) does."""
+    config = _config(30)
     config_path = tmp_path / "tiny.yaml"
     dump_config(config, config_path)
     run_dir = tmp_path / "killed"
     command = [sys.executable, "-m", "specjax.cli", "train", "--config", str(config_path), "--out", str(run_dir)]
-    kill_after_checkpoint([*command, "--no-progress"], run_dir / "checkpoints", min_step=8, total_steps=40)
+    kill_after_checkpoint([*command, "--no-progress"], run_dir / "checkpoints", min_step=4, total_steps=30)
     resumed = train(config, run_dir, progress=False)  # already complete: restores the final checkpoint
-    straight = train(config, tmp_path / "straight", progress=False)
-    _assert_same_params(resumed.params, straight.params)
+    _assert_same_params(resumed.params, run30[1].params)
 
 
 def _checkpoint_steps(run_dir) -> list[int]:
     return sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
 
 
-def test_only_the_newest_checkpoints_are_kept_and_resume_still_works(tmp_path):
+def test_only_the_newest_checkpoints_are_kept_and_resume_still_works(run12, tmp_path):
     """keep_checkpoints bounds the disk a run uses (each checkpoint: params + AdamW state) and only
     says how the run is kept: a resume may change it, and reaches the uninterrupted parameters."""
-    straight = train(_config(12), tmp_path / "straight", progress=False)
-    assert _checkpoint_steps(tmp_path / "straight") == [12]  # the default keeps one: the resume point
+    out, straight = run12
+    assert _checkpoint_steps(out) == [12]  # the default keeps one: the resume point
     keep_two = load_config(TrainConfig, None, [*TINY, "steps=12", "keep_checkpoints=2"])
     train(keep_two, tmp_path / "resumed", progress=False, stop_after=6)
     assert _checkpoint_steps(tmp_path / "resumed") == [4, 6]  # every 4 steps, and where the run stopped

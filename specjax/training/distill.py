@@ -52,9 +52,6 @@ from specjax.training.train import OptimConfig, make_optimizer
 
 OBJECTIVES = (*DIVERGENCES, "next_token")
 DRAFT_INITS = ("pretrained", "random", "config", "target_layers")
-# One optimizer object per (settings, steps): the jitted step takes it as a static argument, so
-# a run resumed in the same process (or an equal one) reuses the compiled step.
-_optimizer = functools.lru_cache(maxsize=8)(make_optimizer)
 FROZEN_WITHOUT_EMBEDDING = ("embed", "lm_head")  # the params train_embedding: false leaves as they start
 
 
@@ -337,7 +334,7 @@ def distill(config: DistillConfig, out_dir: str | Path, progress: bool = True, s
     as_draft = lambda params: dataclasses.replace(start_draft, params=params)  # noqa: E731
     initial = start_draft.params
     target = mesh.target(target)  # on the mesh (unchanged without one): steps, batches and evaluation run on it
-    optimizer = (_optimizer if config.train_embedding else _optimizer_without_embedding)(config.optim, config.steps)
+    optimizer = (make_optimizer if config.train_embedding else _optimizer_without_embedding)(config.optim, config.steps)
     params, opt_state, start, checkpoints, metrics = resume_or_start(
         out_dir, initial, optimizer, config.checkpoint_every, config.keep_checkpoints
     )

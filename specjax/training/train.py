@@ -8,6 +8,7 @@ resumes from the newest complete checkpoint, and since every batch is a pure fun
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from pathlib import Path
@@ -55,6 +56,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
+# One optimizer object per (settings, steps): the jitted steps take it as a static argument, so a
+# run resumed in the same process (or an equal one) reuses the compiled step instead of
+# recompiling it for a new but equal set of optax functions.
+@functools.lru_cache(maxsize=8)
 def make_optimizer(optim: OptimConfig, steps: int) -> optax.GradientTransformation:
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0,

@@ -18,7 +18,6 @@ orbax checkpoints (exact resume after a kill), metrics.jsonl with held-out accep
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import time
 from pathlib import Path
@@ -62,9 +61,8 @@ from specjax.training.train import OptimConfig, make_optimizer
 
 __all__ = ["EagleHeadConfig", "HeadTrainConfig", "Kind", "eagle_loss", "eagle_objective", "medusa_loss", "train_head"]
 _kind, _eagle3_setup = head_kind, eagle3_setup  # the names tests and scripts import
-# One optimizer object per (settings, steps): with a loss that compares by value (TTTLoss),
-# the jitted step, whose static arguments both are, compiles once for equal runs in a process.
-_optimizer = functools.lru_cache(maxsize=8)(make_optimizer)
+# The jitted step's static arguments, make_optimizer's cached optimizer and a loss that compares
+# by value (TTTLoss), make it compile once for equal runs in a process.
 
 
 _LAYER_SIZES = ("num_attention_heads", "num_key_value_heads", "intermediate_size")  # head_config's order
@@ -242,7 +240,7 @@ def train_head(config: HeadTrainConfig, out_dir: str | Path, progress: bool = Tr
     placed = mesh.target(target)  # on the mesh (`target` without one): steps and evaluation run on it
     kind = head_kind(config, placed, out_dir)
     as_head, initial = kind.as_head, kind.initial
-    optimizer = _optimizer(config.optim, config.steps)
+    optimizer = make_optimizer(config.optim, config.steps)
     params, opt_state, start, checkpoints, metrics = resume_or_start(
         out_dir, initial, optimizer, config.checkpoint_every, config.keep_checkpoints
     )
