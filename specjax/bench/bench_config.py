@@ -52,7 +52,9 @@ class _Settings:
     timing: Timing = Timing()
     bandwidth_megabytes: int = 256  # array size of the memory-bandwidth measurement
     # Clear JAX's compilation caches after every experiment, so the process never holds
-    # more than one experiment's compiled programs (bench/compiles.py explains why).
+    # more than one experiment's compiled programs (bench/compiles.py explains why). The
+    # price: an experiment never reuses another's programs (E8 recompiles E3's), which on a
+    # tiny model is most of the run; `clear_caches: false` keeps them.
     clear_caches: bool = True
     experiments: list[str] = dataclasses.field(default_factory=list)  # default: every registered experiment
     # (here: one section per registered experiment, e.g. `k_sweep: KSweep`)
