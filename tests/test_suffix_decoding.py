@@ -13,10 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import RAGGED_PROMPTS, scaled_model
-from test_sampling import P_VALUE_FAIL, P_VALUE_PASS, PROMPT, SAMPLES, VOCAB8, _exact_joint
+from test_sampling import SAMPLES, VOCAB8, _exact_joint, check_two_tokens
 
 import specjax
-from specjax.bench.distribution import chi_square_p_value
 from specjax.bench.drafter_spec import parse_draft
 from specjax.core.acceptance import always_accept_rule
 from specjax.core.sampling import SamplingConfig
@@ -144,15 +143,7 @@ def test_sampling_keeps_the_target_distribution(rule_name):
     assert expected[5 * 8 + 6] < 0.5, "the pool's proposal must not be the target's near-certain pair"
     rule = None if rule_name == "exact" else always_accept_rule
     spec = specjax.SpeculativeConfig(method="suffix", num_speculative_tokens=2, suffix_pool=[[2, 3, 5, 6]], rule=rule)
-    config = specjax.GenerationConfig.at_temperature(1.0, max_new_tokens=2, seed=3)
-    out = specjax.generate(target, [PROMPT] * SAMPLES, config, speculative=spec)
-    tokens = np.asarray(out.tokens)
-    p_value = chi_square_p_value(tokens[:, 0] * 8 + tokens[:, 1], expected)
-    if rule_name == "exact":
-        assert p_value > P_VALUE_PASS
-        assert 0.0 < out.stats.acceptance_rate < 1.0
-    else:
-        assert p_value < P_VALUE_FAIL
+    check_two_tokens(target, None, spec, exact=rule_name == "exact", samples=SAMPLES)
 
 
 # --- By name: the API, bench configs (mappings), files, the CLI -----------------------------------
