@@ -24,22 +24,17 @@ import matplotlib.pyplot as plt
 from specjax.bench import plots
 from specjax.bench.context import BenchContext, describe_drafter
 from specjax.bench.cost_model import round_seconds
-from specjax.bench.drafter_spec import Raw, parse_draft
-from specjax.bench.experiments.shared import Experiment, check_ks, check_sizes, one_or_swept, setting, timed_text
+from specjax.bench.experiments.shared import (
+    Experiment,
+    Method,
+    check_ks,
+    check_sizes,
+    one_or_swept,
+    setting,
+    timed_text,
+)
 from specjax.bench.measure import POOLED, RunSpec
 from specjax.config import SpeculativeConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class Method:
-    """One drafting method of E8: a label and a draft spec (None: the bench's `draft`)."""
-
-    name: str
-    draft: str | Raw | None = None  # a SpeculativeConfig (bench/drafter_spec.py); None: the bench's draft
-
-    def __post_init__(self):
-        if self.draft is not None:
-            object.__setattr__(self, "draft", parse_draft(self.draft, f"methods.drafters[name={self.name}].draft"))
 
 
 def _default_methods() -> list[Method]:

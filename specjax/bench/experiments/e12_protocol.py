@@ -31,8 +31,15 @@ import matplotlib.pyplot as plt
 from specjax.api import generate
 from specjax.bench import plots
 from specjax.bench.context import BenchContext, describe_drafter
-from specjax.bench.experiments.e08_methods import Method
-from specjax.bench.experiments.shared import Experiment, check_ks, check_sizes, one_or_swept, setting, timed_text
+from specjax.bench.experiments.shared import (
+    Experiment,
+    Method,
+    check_ks,
+    check_sizes,
+    one_or_swept,
+    setting,
+    timed_text,
+)
 from specjax.bench.measure import DRAFT, POOLED, RunSpec, Workload
 from specjax.bench.prompt_sets import Chat, encode
 from specjax.config import GenerationConfig

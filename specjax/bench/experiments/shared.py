@@ -1,4 +1,5 @@
-"""What the experiments share: the `Experiment` record each module exports, the cost-model
+"""What the experiments share: the `Experiment` record each module exports, a drafting
+`Method` (E8's and E12's `drafters:`), the cost-model
 prediction and the overhead split of E3-E5, and the setting line under every figure.
 
 "measured" always means timed or counted in this run; "predicted" always means the cost
@@ -14,10 +15,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specjax.bench.cost_model import batch_tokens_per_round, draft_seconds, predicted_speedup, round_seconds
+from specjax.bench.drafter_spec import Raw, parse_draft
 from specjax.bench.measure import POOLED
 
 if TYPE_CHECKING:
     from specjax.bench.context import BenchContext
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One drafting method of E8 or E12 (`drafters:`): a label and a draft spec (None: the
+    bench's `draft`)."""
+
+    name: str
+    draft: str | Raw | None = None  # a SpeculativeConfig (bench/drafter_spec.py); None: the bench's draft
+
+    def __post_init__(self):
+        if self.draft is not None:
+            object.__setattr__(self, "draft", parse_draft(self.draft, f"drafters[name={self.name}].draft"))
 
 
 def _no_ks(section) -> list[int]:
