@@ -23,7 +23,7 @@ from specjax.constraints import as_constraints, grammar_for_rows, init_grammar
 from specjax.core.loop import empty_cache
 from specjax.core.state import LoopState
 from specjax.drafters import Drafter, as_drafter, make_drafter
-from specjax.engine.costs import resolve_costs
+from specjax.engine.costs import resolve_costs, resolve_verify_costs
 from specjax.engine.generation import jit_init_state, jit_round, prepared_generation
 from specjax.engine.generation import state_output as _state_output
 from specjax.engine.output import GenerationOutput, PreparedGeneration
@@ -111,6 +111,7 @@ def prepare(
     """Check and plan a generation once; `.run()` it, or `.launch(n)` it to time the loop."""
     config, drafter, speculative = _resolve(target, config, draft, speculative)
     batch, plan, weights = plan_generation(target, prompts, config, drafter, speculative)
+    plan = resolve_verify_costs(target, drafter, plan, batch)  # a schedule's costs="measure", timed or cached
     costs = resolve_costs(target, drafter, speculative, plan, batch)  # adaptive K's input, or None
     grammar = _grammar(target, config, batch, batch.bucket_rows)
     prepared = prepared_generation(target, batch, plan, weights, None if costs is None else costs.vector,
@@ -155,6 +156,7 @@ def init_state(
 
     config, drafter, speculative = _resolve(target, config, draft, speculative)
     batch, plan, weights = plan_generation(target, prompts, config, drafter, speculative)
+    plan = resolve_verify_costs(target, drafter, plan, batch)
     costs = resolve_costs(target, drafter, speculative, plan, batch)  # a bare state keeps only the values
     prompt, prompt_lengths, done, eos, rng = batch.loop_inputs(config.eos_token_id, config.seed, padded=False)
     kv = None if batch.mesh is not None else empty_cache(plan.target, prompt.shape[0], batch.cache_length, plan.cache)

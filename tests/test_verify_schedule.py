@@ -222,3 +222,25 @@ def test_configs_parse_and_bad_ones_are_refused():
         VerifySchedule(widths=(1, 2, 5), costs={1: 1.0, 5: 2.0}).resolved(4)
     with pytest.raises(ValueError, match="at least two widths"):
         VerifySchedule(widths=(5,)).resolved(4)
+
+
+def test_measured_costs_are_timed_once_then_read_from_the_disk_cache(target, noisy_draft, plain_greedy, monkeypatch):
+    """costs="measure": prepare times a round at each width (engine/verify_costs.py) for the
+    call's shape, once; a later prepare of the same shape reads the round-cost disk cache
+    (conftest gives every test its own) instead of timing again; greedy output stays plain's."""
+    from specjax.engine import costs as engine_costs
+
+    config, expected = plain_greedy
+    calls = []
+    real = engine_costs.measure_verify_costs
+    monkeypatch.setattr(engine_costs, "measure_verify_costs", lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    schedule = {"widths": [1, 5], "costs": "measure"}
+    speculative = specjax.SpeculativeConfig(num_speculative_tokens=4, verify_schedule=schedule)
+    for _ in range(2):
+        out = specjax.generate(target, RAGGED_PROMPTS, config, draft=noisy_draft, speculative=speculative)
+        assert out.tokens == expected
+    assert len(calls) == 1  # the second call read the file the first one wrote
+    with pytest.raises(ValueError, match="mapping of widths to seconds or 'measure'"):
+        VerifySchedule(costs="measured")
+    with pytest.raises(ValueError, match="must be measured before the loop"):
+        VerifySchedule(costs="measure").resolved(4).cost_vector()

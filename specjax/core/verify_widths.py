@@ -21,8 +21,11 @@ class VerifySchedule:
       (verify them all); each is one compiled branch. None: 1, 2, 3, 5, 9, ... below K + 1,
       and K + 1.
     costs: {width: seconds of one round at that width} for this target, drafter, batch and
-      context (part of the jit key: other costs compile anew). None: the fallback cost model
-      1 + width_cost * (w - 1), in units of a width-1 round (drafting K included).
+      context (part of the jit key: other costs compile anew). "measure": `prepare` times a
+      round at each width for the call's shape (engine/verify_costs.py) once and keeps the
+      result in the round-cost disk cache for later processes (engine/cost_cache.py). None:
+      the fallback cost model 1 + width_cost * (w - 1), in units of a width-1 round
+      (drafting K included).
     width_cost: the fallback's cost of one more verified slot, as a share of a width-1 round:
       about 0 on an accelerator at small batch (verifying is memory-bound), more where the
       verify forward is compute-bound (CPU, large batch).
@@ -36,7 +39,7 @@ class VerifySchedule:
     """
 
     widths: tuple[int, ...] | None = None
-    costs: tuple[tuple[int, float], ...] | None = None
+    costs: tuple[tuple[int, float], ...] | str | None = None
     width_cost: float = 0.1
     prior: float = 0.5
     decay: float = 0.9
@@ -51,7 +54,11 @@ class VerifySchedule:
             if not widths or widths[0] < 1 or len(set(widths)) != len(widths):
                 raise ValueError(f"verify_schedule widths must be distinct integers >= 1, got {self.widths!r}")
             object.__setattr__(self, "widths", widths)
-        if self.costs is not None:
+        if self.costs is not None and not self.measures_costs:
+            if isinstance(self.costs, str):
+                raise ValueError(
+                    f"verify_schedule costs is a mapping of widths to seconds or 'measure', got {self.costs!r}"
+                )
             object.__setattr__(self, "costs", _cost_pairs(self.costs))
         if not self.width_cost >= 0:
             raise ValueError(f"verify_schedule width_cost must be >= 0, got {self.width_cost}")
@@ -74,15 +81,22 @@ class VerifySchedule:
             )
         if len(widths) < 2:
             raise ValueError(f"verify_schedule needs at least two widths to choose from, got {widths}")
-        if self.costs is not None:
+        if self.costs is not None and not self.measures_costs:
             given = dict(self.costs)
             missing = [w for w in widths if w not in given]
             if missing:
                 raise ValueError(f"verify_schedule costs lack widths {missing} (have {sorted(given)})")
         return dataclasses.replace(self, widths=widths)
 
+    @property
+    def measures_costs(self) -> bool:
+        """costs="measure": `prepare` replaces it with the measured costs before the loop runs."""
+        return self.costs == "measure"
+
     def cost_vector(self) -> np.ndarray:
         """[n] float32 seconds (or fallback units) of a round at each width, in order."""
+        if self.measures_costs:
+            raise ValueError('verify_schedule costs="measure" must be measured before the loop (specjax.prepare does)')
         if self.costs is None:
             return np.asarray([1.0 + self.width_cost * (w - 1) for w in self.widths], np.float32)
         given = dict(self.costs)

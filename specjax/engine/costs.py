@@ -1,4 +1,5 @@
-"""Adaptive speculation's round costs for one call, resolved before the loop runs.
+"""Adaptive speculation's round costs, and a verify schedule's, for one call, resolved before
+the loop runs.
 
 The policy (engine/adaptive_policy.py) needs the seconds of one loop iteration at each
 candidate K. They are an input to the compiled loop, never something it finds out: `prepare`
@@ -11,6 +12,9 @@ imports reaches it, so timing the loop closes no import cycle.
 
 from __future__ import annotations
 
+import dataclasses
+import types
+
 from specjax.config import SpeculativeConfig
 from specjax.core.state import Plan
 from specjax.drafters import Drafter
@@ -19,6 +23,7 @@ from specjax.engine.cost_cache import cached_costs, cost_key
 from specjax.engine.plan import as_adaptive
 from specjax.engine.prompts import PromptBatch
 from specjax.engine.round_costs import measure_round_costs
+from specjax.engine.verify_costs import measure_verify_costs
 from specjax.io.model import Model
 
 
@@ -55,3 +60,25 @@ def resolve_costs(
         measured_at=where["measured_at"],
         measurement_seconds=where["measurement_seconds"],
     )
+
+
+def resolve_verify_costs(target: Model, drafter: Drafter | None, plan: Plan, batch: PromptBatch) -> Plan:
+    """`plan` with a verify schedule's costs="measure" replaced by the seconds of one round at
+    each of its widths, measured at the batch's bucket size and cache length (or read from
+    the disk cache, keyed as adaptive K's costs are). Costs are part of the jit key, so the
+    loop compiles for the measured values; any other plan comes back unchanged."""
+    schedule = plan.verify_schedule
+    if schedule is None or not schedule.measures_costs:
+        return plan
+    k, widths = plan.num_speculative_tokens, schedule.widths
+    candidates = types.SimpleNamespace(labels=[f"verify width {w} of K={k}" for w in widths], trees=None)
+    key = cost_key(target, drafter, batch.bucket_rows, candidates, batch.cache_length, plan.sampling, plan.cache)
+
+    def measure() -> dict:
+        seconds = measure_verify_costs(target, drafter, batch.bucket_rows, k, batch.cache_length, widths,
+                                       plan.sampling, cache=plan.cache)  # fmt: skip
+        return {label: seconds[w] for label, w in zip(candidates.labels, widths, strict=True)}
+
+    costs, _ = cached_costs(key, candidates.labels, measure)
+    measured = tuple((w, float(costs[label])) for label, w in zip(candidates.labels, widths, strict=True))
+    return dataclasses.replace(plan, verify_schedule=dataclasses.replace(schedule, costs=measured))
