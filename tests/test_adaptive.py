@@ -341,26 +341,15 @@ def test_second_adaptive_call_compiles_nothing(target, noisy_draft, plain, compi
 def test_policy_picks_plain_for_a_random_draft_and_k_max_for_a_perfect_one(target):
     # The relative round costs the embedded pair measured on this CPU.
     costs = specjax.AdaptiveConfig(costs={0: 1.0, 1: 1.72, 2: 1.99, 4: 2.07})
-    random_draft = scaled_model(TARGET_CONFIG, seed=9)
-    out = specjax.generate(
-        target,
-        PROMPTS,
-        specjax.GenerationConfig(max_new_tokens=40),
-        draft=random_draft,
-        speculative=specjax.SpeculativeConfig(num_speculative_tokens=4, adaptive=costs),
-    )
-    ks = out.stats.adaptive["rounds_per_k"]
-    assert ks[0] >= 0.8 * sum(ks.values()), ks
-    perfect = specjax.generate(
-        target,
-        PROMPTS,
-        specjax.GenerationConfig(max_new_tokens=40),
-        draft=target,
-        speculative=specjax.SpeculativeConfig(num_speculative_tokens=4, adaptive=costs),
-    )
-    ks = perfect.stats.adaptive["rounds_per_k"]
-    assert ks[4] >= 0.8 * sum(ks.values()), ks
-    assert perfect.stats.accepted_per_position == [1.0] * 4
+    speculative = specjax.SpeculativeConfig(num_speculative_tokens=4, adaptive=costs)
+    # A random draft: mostly plain steps (K = 0); the target itself: mostly K_MAX.
+    for draft, k in ((scaled_model(TARGET_CONFIG, seed=9), 0), (target, 4)):
+        out = specjax.generate(
+            target, PROMPTS, specjax.GenerationConfig(max_new_tokens=40), draft=draft, speculative=speculative
+        )
+        ks = out.stats.adaptive["rounds_per_k"]
+        assert ks[k] >= 0.8 * sum(ks.values()), ks
+    assert out.stats.accepted_per_position == [1.0] * 4  # the perfect draft's run
 
 
 def test_adaptive_errors(target, noisy_draft):

@@ -33,8 +33,6 @@ from specjax.core.sampling import SamplingConfig
 from specjax.drafters.base import DraftContext, Proposal
 from specjax.drafters.foreign_draft import CrossVocabState, ForeignDraft
 from specjax.drafters.proposing import draw
-from specjax.drafters.vocab_tables import VocabTables, build_tables
-from specjax.io.model import Model
 from specjax.models import forward
 
 
@@ -50,10 +48,6 @@ class CrossVocab(ForeignDraft):
     trust_drafts: bool = True  # False behind another drafter: accepted tokens may not be ours
     name = "tli"
     title = "token-level intersection"
-
-    @classmethod
-    def build_tables(cls, draft: Model, target: Model) -> VocabTables:
-        return build_tables(target.tokenizer, target.config.vocab_size, draft.tokenizer, draft.config.vocab_size)
 
     def tolerating_lag(self, lag: int) -> CrossVocab:
         return dataclasses.replace(self, trust_drafts=False)

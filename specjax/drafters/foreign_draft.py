@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax.drafters.base import DraftContext, Drafter
-from specjax.drafters.vocab_tables import VocabTables
+from specjax.drafters.vocab_tables import VocabTables, build_tables
 from specjax.io.model import Model
 from specjax.models import KVCache, ModelConfig, forward, init_cache
 
@@ -104,6 +104,7 @@ class ForeignDraft(Drafter):
     catch_up: int = 16
     length_ratio: float = 6.0
     title: ClassVar[str] = "a draft with another tokenizer"  # in messages
+    proposes_shared_tokens: ClassVar[bool] = True  # TLI: the tables map draft ids to target ids
 
     @classmethod
     def between(cls, draft: Model, target: Model, **fields) -> ForeignDraft:
@@ -116,7 +117,10 @@ class ForeignDraft(Drafter):
 
     @classmethod
     def build_tables(cls, draft: Model, target: Model) -> VocabTables:
-        raise NotImplementedError
+        """The pieces of every target token, and the intersection when the subclass proposes
+        shared tokens (`proposes_shared_tokens`; UAG proposes text and needs none)."""
+        return build_tables(target.tokenizer, target.config.vocab_size, draft.tokenizer, draft.config.vocab_size,
+                            intersection=cls.proposes_shared_tokens)  # fmt: skip
 
     @classmethod
     def host_fields(cls, draft: Model, target: Model) -> dict:

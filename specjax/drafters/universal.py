@@ -41,7 +41,7 @@ import numpy as np
 from specjax.drafters.base import DraftContext, Proposal
 from specjax.drafters.foreign_draft import CrossVocabState, ForeignDraft
 from specjax.drafters.proposing import draft_chain
-from specjax.drafters.vocab_tables import VocabTables, build_tables, encode_texts, token_bytes
+from specjax.drafters.vocab_tables import encode_texts, token_bytes
 from specjax.io.model import Model
 from specjax.models import forward
 
@@ -116,13 +116,8 @@ class Universal(ForeignDraft):
     retokenizer: Retokenizer | None = dataclasses.field(default=None, repr=False)  # by identity
     draft_length: int = 0
     name = "uag"
+    proposes_shared_tokens = False  # only the pieces: it proposes text, so no shared token is needed
     title = "universal assisted generation"
-
-    @classmethod
-    def build_tables(cls, draft: Model, target: Model) -> VocabTables:
-        # Only the pieces: UAG proposes through text, so no shared token is needed.
-        return build_tables(target.tokenizer, target.config.vocab_size, draft.tokenizer, draft.config.vocab_size,
-                            intersection=False)  # fmt: skip
 
     @classmethod
     def host_fields(cls, draft: Model, target: Model) -> dict:
