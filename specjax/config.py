@@ -161,6 +161,8 @@ class SpeculativeConfig:
     mask_token_id: a PARD draft's mask token (None: the one the draft records).
     catch_up, tree_candidates: a model-backed drafter's catch-up width and tree candidates
       ("sample" or "top"); None: the drafter's default.
+    draft_length: "uag" only: the draft's own tokens drafted per round before re-encoding
+      (None: K; more suits a draft whose tokens are shorter than the target's).
     allow_transfer: load a head for a target it was not trained for (shapes must fit).
     aux_layers, aux_convention: which target blocks a published EAGLE-3 head reads.
     first, then: fallback's two drafters (each a SpeculativeConfig, a mapping of one, or a name).
@@ -185,6 +187,7 @@ class SpeculativeConfig:
     mask_token_id: int | None = None
     catch_up: int | None = None
     tree_candidates: str | None = None
+    draft_length: int | None = None
     allow_transfer: bool = False
     aux_layers: tuple[int, ...] | None = None
     aux_convention: str | None = None
@@ -345,7 +348,8 @@ class SpeculativeConfig:
 # verify_schedule).
 _DRAFTER_FIELDS = frozenset(
     {"model", "prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_prefer", "suffix_pool", "layers",
-     "mask_token_id", "catch_up", "tree_candidates", "allow_transfer", "aux_layers", "aux_convention", "first", "then"}
+     "mask_token_id", "catch_up", "tree_candidates", "draft_length", "allow_transfer", "aux_layers", "aux_convention",
+     "first", "then"}
 )  # fmt: skip
 # Spellings of the drafter mappings of earlier releases (bench configs, --drafter), read as fields.
 _OLD_KEYS = {

@@ -235,3 +235,40 @@ def test_constrained_sampling_follows_the_masked_target(variant, monkeypatch):
         assert 0.0 < out.stats.acceptance_rate < 1.0  # drafts were judged, some rejected
     else:
         assert p_value < 1e-8
+
+
+# --- The bench under a constraint ------------------------------------------------------------
+
+
+def test_the_bench_runs_every_generation_under_its_constraint(tmp_path):
+    """`constraint:` in a bench config constrains plain and speculative runs alike: with a
+    regex that allows one byte only, the noisy draft (masked like the target) proposes what
+    the target keeps, so every draft is accepted, where the same bench without it rejects some."""
+    from test_bench import bench_pair
+
+    from specjax.bench import BenchConfig, run_bench
+    from specjax.configs import from_dict
+
+    target, draft = bench_pair()
+    config = {
+        "experiments": ["k_sweep"],
+        "prompts": {"count": 2, "prompt_bytes": 12},
+        "max_new_tokens": 12,
+        "timing": {"repeats": 1, "cost_inner": 1},
+        "bandwidth_megabytes": 8,
+        "clear_caches": False,
+        "k_sweep": {"ks": [2]},
+    }
+
+    def spec_row(extra, name):
+        results = run_bench(from_dict(BenchConfig, {**config, **extra}), tmp_path / name, target, draft, progress=False)
+        rows = results["experiments"]["k_sweep"]["rows"]
+        assert all(r["output_matches_plain"] for r in rows if r["method"] == "speculative")
+        return next(r for r in rows if r["method"] == "speculative" and r["category"] == "all")
+
+    free = spec_row({}, "free")
+    constrained = spec_row({"constraint": {"regex": "a{64}"}}, "constrained")
+    assert constrained["acceptance_rate"] == 1.0 and constrained["mean_acceptance_length"] == 3.0
+    assert free["acceptance_rate"] < 1.0
+    saved = json.loads((tmp_path / "constrained" / "results.json").read_text())
+    assert saved["config"]["constraint"]["regex"] == "a{64}"

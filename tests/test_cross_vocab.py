@@ -242,7 +242,11 @@ def test_uag_greedy_equals_plain_greedy(shared_pair):
 def test_uag_retokenizes_text_and_specs(shared_pair):
     target, draft = shared_pair
     drafter = specjax.load_drafter({"method": "uag", "model": "the-draft"}, target, load=lambda name: draft)
-    assert isinstance(drafter, Universal) and drafter.catch_up == 16
+    assert isinstance(drafter, Universal) and drafter.catch_up == 16 and drafter.draft_length == 0
+    spec = {"method": "uag", "model": "the-draft", "draft_length": 6}
+    assert specjax.load_drafter(spec, target, load=lambda name: draft).draft_length == 6
+    with pytest.raises(ValueError, match="draft_length"):  # TLI drafts shared tokens, one per target token
+        specjax.load_drafter({**spec, "method": "tli"}, target, load=lambda name: draft)
     eos = target.tokenizer.eos_token_id
     drafts = np.array([list(b"the cat"), [*b"ab\xe2\x82", 97, 98, 99], [258, *b"abcdef"], [*b"ab", 257, *b"abcd"]])
     ids, counts = drafter.retokenizer(drafts, 3)

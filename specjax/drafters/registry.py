@@ -114,7 +114,8 @@ def _cross_vocab(kind: type[CrossVocab] | type[Universal]) -> Callable[[Any, Bui
     def build_it(spec, build: Build) -> Drafter:
         if not isinstance(build.target, Model):  # the tables come from the target's tokenizer
             raise ValueError(f"method {kind.name!r} needs the target Model (its tokenizer), not only its config")
-        return kind.between(build.load(spec.model), build.target, **_set(spec, catch_up="catch_up"))
+        fields = _set(spec, catch_up="catch_up", draft_length="draft_length")
+        return kind.between(build.load(spec.model), build.target, **fields)
 
     return build_it
 
@@ -140,7 +141,7 @@ register("parallel_draft", _parallel_draft, {"model", "mask_token_id", *_MODEL_A
          doc="a PARD-trained draft model: K proposals from one forward")  # fmt: skip
 register("tli", _cross_vocab(CrossVocab), {"model", "catch_up"}, {"model"},
          doc="a draft model with another tokenizer: token-level intersection (Timor et al. 2025)")  # fmt: skip
-register("uag", _cross_vocab(Universal), {"model", "catch_up"}, {"model"},
+register("uag", _cross_vocab(Universal), {"model", "catch_up", "draft_length"}, {"model"},
          doc="a draft model with another tokenizer: its text re-encoded (universal assisted generation)")  # fmt: skip
 register("fallback", lambda spec, b: Fallback(b.make(spec.first), b.make(spec.then)), {"first", "then"},
          {"first", "then"}, doc="`first` where it found something, `then` elsewhere")  # fmt: skip
