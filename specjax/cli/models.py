@@ -49,13 +49,15 @@ def add_save_head(subparsers):
     p = subparsers.add_parser(
         "save-head",
         aliases=["save_head"],
-        help="write a draft head in a published layout (EAGLE-1/2, EAGLE-3, speculators, Medusa) for vLLM / SGLang",
+        help="write a draft head in a published layout (EAGLE-1/2, EAGLE-3, speculators, Medusa, DFlash) for engines",
         description="Load a draft head as --drafter takes it (an embedded head, a directory written by train-head "
         "or save_drafter, or a published head) against its target, and write it in --format: eagle (EAGLE-1/2: "
         "config.json + model.safetensors), eagle3 (EAGLE-3, midlayer.*, d2t/t2d), speculators (vLLM's "
-        "speculators config.json), medusa (medusa_lm_head.safetensors) or specjax (drafter.json). A head whose "
+        "speculators config.json; a block head as speculators' dflash), medusa (medusa_lm_head.safetensors), dflash "
+        "(a block head with Qwen3 layers in z-lab's DFlash layout: dflash_config, fc, hidden_norm) or specjax "
+        "(drafter.json). A head whose "
         "network is not the published one (specjax's own EAGLE head, its multi-layer head with a reduce matrix) "
-        "is refused with what differs. See docs/heads.md.",
+        "is refused with what differs. See docs/heads.md and docs/head_formats_block.md.",
         formatter_class=HelpFormatter,
     )
     p.add_argument("head", help=f"the head: an embedded one ({heads}) or a directory")

@@ -8,6 +8,8 @@ and EAGLE-3 configs both say LlamaForCausalLM):
   medusa       every tensor is {h}.{l}.linear.{weight,bias} or {h}.{L}.weight (Medusa-1's LM heads)
   eagle3       midlayer.* or d2t: fc.weight [D, 3D], midlayer.*, norm, lm_head [Vd, D], d2t, t2d
   eagle        fc.weight [D, 2D] and layers.0.*: EAGLE-1 and EAGLE-2 (the same weights)
+  dflash       config.json has dflash_config or a DFlash architecture (or speculators_model_type
+               "dflash"): a DFlash block head, read by drafters/formats/block_published.py
 
 The readers map tensors to the params of specjax's own networks with the options of
 models/heads.HeadOptions (see there); the layouts and their sources are in
@@ -32,6 +34,7 @@ import numpy as np
 
 from specjax.drafters.base import Drafter
 from specjax.drafters.eagle import Eagle
+from specjax.drafters.formats.block_published import SPECULATORS_BLOCK_TYPES, is_block_config, read_block
 from specjax.drafters.formats.eagle3 import eagle3_params
 from specjax.drafters.formats.files import (
     WEIGHT_FILES,
@@ -56,6 +59,8 @@ def detect_format(config: dict, names: list[str], source: Path) -> str:
     """ "speculators", "medusa", "eagle3" or "eagle" from config.json and the tensor names."""
     if "speculators_model_type" in config:
         return "speculators"
+    if is_block_config(config):
+        return "dflash"
     if names and all(_MEDUSA_KEY.fullmatch(n) for n in names):
         return "medusa"
     if any(n.startswith("midlayer.") for n in names) or "d2t" in names:
@@ -100,9 +105,13 @@ def load_published(
     tensors = HeadTensors(read_tensors(source), source, target_config.dtype)
     config = read_config(directory)
     kind = detect_format(config, tensors.names(), source)
+    if kind == "speculators" and config["speculators_model_type"] in SPECULATORS_BLOCK_TYPES:
+        kind = "dflash"
     if kind == "speculators":
         kind, config = _speculators(config, directory)
-    if kind == "medusa":
+    if kind == "dflash":
+        drafter = read_block(config, tensors, target)
+    elif kind == "medusa":
         drafter = _medusa(tensors, target_config)
     elif kind == "eagle":
         drafter = _eagle(config, tensors, target_config)

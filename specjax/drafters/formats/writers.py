@@ -11,6 +11,8 @@
                Eagle3Speculator), or EAGLE-1's as fusion_fc.* / transformer.* (its EagleSpeculator)
   medusa       config.json (medusa_num_heads, medusa_num_layers) + medusa_lm_head.safetensors:
                {h}.{l}.linear.{weight,bias} [D, D], [D] and Medusa-1's LM heads {h}.{L}.weight [V, D]
+  dflash       a DFlash block head (BlockHead with Qwen3 layers): drafters/formats/block_published.py,
+               which also writes a block head's "speculators" (speculators_model_type "dflash")
 
 Every config names the target as engines resolve it: its Hugging Face repo id where the target's
 loader knew one (Model.hf_repo: config.json's `_name_or_path`, a GGUF file's source metadata or the
@@ -38,7 +40,9 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from specjax.drafters.base import Drafter
+from specjax.drafters.block_head import BlockHead
 from specjax.drafters.eagle import Eagle
+from specjax.drafters.formats.block_published import block_files
 from specjax.drafters.formats.files import WEIGHT_FILES
 from specjax.drafters.medusa import Medusa
 from specjax.io.hf_config import _ARCHITECTURE_OF
@@ -46,7 +50,7 @@ from specjax.io.hf_weights import _merge_heads_in, _merge_heads_out, _mlp_to_hf
 from specjax.io.model import Model
 from specjax.models import ModelConfig
 
-FORMATS = ("specjax", "eagle", "eagle3", "speculators", "medusa")
+FORMATS = ("specjax", "eagle", "eagle3", "speculators", "medusa", "dflash")
 _NAMES = {"eagle": "EAGLE-1/2", "eagle3": "EAGLE-3", "speculators": "speculators", "medusa": "Medusa"}
 _NETWORKS = {"eagle": ("eagle",), "eagle3": ("eagle3",), "speculators": ("eagle3", "eagle")}  # what each holds
 _SPECULATIVE_TOKENS = 3  # speculators_config's proposal length (what speculators' converter writes)
@@ -67,12 +71,19 @@ def write_published(drafter: Drafter, path, format: str, target_name=None, targe
     params = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), drafter.params)
     # What engines resolve: the target's HF repo id where its loader knew it, else the name given.
     target_name = (target.hf_repo if isinstance(target, Model) else None) or target_name
-    if isinstance(drafter, Medusa):
+    if isinstance(drafter, BlockHead):  # DFlash-style heads: drafters/formats/block_published.py
+        config, tensors = block_files(drafter, params, format, target_name, target)
+        _set_dtype(config, tensors)
+    elif isinstance(drafter, Medusa):
         if format != "medusa":
             raise ValueError(f"format={format!r} writes EAGLE heads; these are Medusa heads: use format='medusa'")
         config, tensors = _medusa(drafter, params, target_name, target_config), _medusa_tensors(params)
     elif format == "medusa":
         raise ValueError("format='medusa' writes Medusa heads; this is an EAGLE head (eagle, eagle3 or speculators)")
+    elif format == "dflash":
+        raise ValueError(
+            "format='dflash' writes DFlash block heads; this is an EAGLE head (eagle, eagle3 or speculators)"
+        )
     else:
         network = _network(drafter, format)
         config, tensors = _eagle_files(drafter, params, network, format, target_name, target, target_config)
