@@ -205,10 +205,11 @@ def _train_head(args) -> int:
 def add_store_features(subparsers):
     p = subparsers.add_parser(
         "store-features",
-        help="run the frozen target once over a train-head run's windows and store what EAGLE-3's loss reads of it "
-        "(resumes automatically)",
-        description="Write the feature store of an EAGLE-3 train-head config (eagle.eagle3.enabled): for every "
-        "training window, the target's feature-layer states and its logits over the run's draft vocabulary, in "
+        help="run the frozen target once over a train-head run's windows and store what an EAGLE-3 or block head's "
+        "loss reads of it (resumes automatically)",
+        description="Write the feature store of an EAGLE-3 train-head config (eagle.eagle3.enabled) or a block head's "
+        "(kind block, dspark, dflash2): for every training window, the target's feature-layer states and its logits "
+        "over the run's draft vocabulary (EAGLE-3) or its features.top_k log-probabilities (block heads), in "
         "safetensors shards with a manifest recording what they were computed from. Then train with "
         "`specjax train-head --config CFG --set features.store=OUT`: the same batches and loss, without the target "
         "forward per step. Rerunning the same command finishes an interrupted store. See docs/training.md, "
@@ -217,8 +218,9 @@ def add_store_features(subparsers):
     )
     _add_run_arguments(
         p,
-        "YAML of an EAGLE-3 HeadTrainConfig (configs/eagle3_any_target.yaml, configs/eagle3_published_head.yaml): "
-        "the run the store is for (target, data, seed, steps, layers, draft vocabulary, features.dtype)",
+        "YAML of an EAGLE-3 or block-head HeadTrainConfig (configs/eagle3_published_head.yaml, "
+        "configs/smollm2_block_head_store.yaml): the run the store is for (target, data, seed, steps, layers, "
+        "draft vocabulary or features.top_k, features.dtype)",
         "the store's directory (rerun with the same one to resume)",
     )
     _add_target_and_data(p)

@@ -13,6 +13,10 @@ distribution for that token, softmax(logits[a_g + j - 1]) (self-distillation: th
 KL(p_target || q_head), as for Medusa). Position j weighs position_decay**(j - 1) (DFlash
 weighs early positions more: a later guess counts only if every earlier one was accepted).
 
+With features.store (a block store, training/block_store.py) the target does not run: the
+loss takes a stored batch instead of the tokens, its states as stored and as teacher the
+target's top-k log-probabilities renormalised, KL(p_topk || q_head) (k = V: the live loss).
+
 Anchors are drawn without replacement among the positions whose first guess is a scored
 token (a user dataset's mask: training/run_data.py predicted_mask) and that leave room for
 K guesses, by Gumbel top-k from a key fixed by the batch itself: a resumed run draws the
@@ -31,6 +35,7 @@ from specjax.models import ModelConfig, TreeMask, feature_layers, full_forward, 
 from specjax.models.block_net import block_head_states, block_logits_of, init_block_head_params
 from specjax.models.config import LLAMA_FAMILY
 from specjax.models.heads import head_config
+from specjax.training.block_store import stored_teacher, topk_kl
 
 LAYER_INITS = ("random", "target")
 
@@ -83,7 +88,8 @@ def draw_anchors(tokens, mask, block_size: int, anchors: int):
     """(anchors [B, G] int32, usable [B, G] bool): a_g with room for K guesses (a + K <= T - 1)
     whose first guess is scored (mask[:, a], mask[:, q] scoring the token at q + 1), distinct,
     by Gumbel top-k from a key that is a function of the batch alone. A row with fewer than G
-    such positions marks the rest unusable."""
+    such positions marks the rest unusable and anchors them at 0: in range, so the gathers at
+    a + i stay finite (an index past T gathers NaN, and NaN x weight 0 is NaN)."""
     b, t = tokens.shape
     valid = jnp.broadcast_to(jnp.arange(t) <= t - 1 - block_size, (b, t))
     if mask is not None:
@@ -92,7 +98,8 @@ def draw_anchors(tokens, mask, block_size: int, anchors: int):
     key = jax.random.fold_in(jax.random.key(0x5EED), fingerprint)
     scores = jnp.where(valid, jax.random.gumbel(key, (b, t)), -jnp.inf)
     top, chosen = jax.lax.top_k(scores, min(anchors, t))  # [B, G]
-    return chosen.astype(jnp.int32), jnp.isfinite(top)
+    usable = jnp.isfinite(top)
+    return jnp.where(usable, chosen, 0).astype(jnp.int32), usable
 
 
 def packed_blocks(config: ModelConfig, params, target_params, states, tokens, anchors, k: int, mask_token_id: int):
@@ -133,32 +140,62 @@ def packed_states(config: ModelConfig, params, target_params, states, tokens, an
 
 @dataclasses.dataclass(frozen=True)
 class BlockBatch:
-    """What every block objective (block head, DSpark, DFlash 2) starts from."""
+    """What every block objective (block head, DSpark, DFlash 2) starts from. The teacher is
+    the target's whole distribution (live), or its top k renormalised (a stored batch:
+    teacher_ids says which tokens); `kl` and `labels` read either."""
 
+    tokens: jax.Array  # [B, T] int32: the window
     anchors: jax.Array  # [B, G] int32: block g is [token a_g, MASK x K] at positions a_g ..
     usable: jax.Array  # [B, G] bool: blocks with room and a scored first guess (draw_anchors)
     at: jax.Array  # [B, G K]: guess i of block g is the token at a_g + i + 1, teacher logits[a_g + i]
-    teacher: jax.Array  # [B, G, K, V] the target's log-probabilities there
+    teacher: jax.Array  # [B, G, K, V] the target's log-probabilities there, or [B, G, K, k] stored
     hidden: jax.Array  # [B, G, K, D] the head's states for the guesses (packed_states)
+    teacher_ids: jax.Array | None = None  # [B, G, K, k] a stored teacher's token ids; None: all V in order
+
+    def kl(self, logits):
+        """KL(teacher || softmax(logits)) [B, G, K] of the head's logits [B, G, K, V]."""
+        if self.teacher_ids is None:
+            return guess_kl(self.teacher, logits)
+        return topk_kl(self.teacher, self.teacher_ids, logits)
+
+    @property
+    def labels(self):
+        """[B, G, K] int32: the target's argmax at each guess (a stored teacher's first id)."""
+        if self.teacher_ids is None:
+            return jnp.argmax(self.teacher, axis=-1)
+        return self.teacher_ids[..., 0]
 
 
-def block_batch(config, target_config, layers, target_params, params, tokens, mask, k: int, g: int, mask_token_id: int):
-    """The frozen target over tokens [B, T], G blocks of K guesses per row drawn from the
-    scored positions (mask [B, T] or None) and the head's states for them -> BlockBatch."""
+def block_batch(config, target_config, layers, target_params, params, inputs, mask, k: int, g: int, mask_token_id: int):
+    """G blocks of K guesses per row drawn from the scored positions (mask [B, T] or None),
+    the head's states for them and the teacher -> BlockBatch. inputs: tokens [B, T], the
+    frozen target run over them here, or a stored batch (training/block_store.py STORED:
+    "tokens" [B, T], "states", "top_logprobs", "top_ids"), the target not run."""
+    stored = isinstance(inputs, dict)
+    tokens = inputs["tokens"] if stored else inputs
     b = tokens.shape[0]
-    logits, states = jax.lax.stop_gradient(full_forward(target_config, target_params, tokens, layers))
+    if stored:
+        states = inputs["states"].astype(jnp.dtype(target_config.dtype))  # [B, T, n * D]
+    else:
+        logits, states = jax.lax.stop_gradient(full_forward(target_config, target_params, tokens, layers))
     anchors, usable = draw_anchors(tokens, mask, k, g)  # [B, G]
     g = anchors.shape[1]
     hidden = packed_states(config, params, target_params, states, tokens, anchors, k, mask_token_id)
     at = (anchors[:, :, None] + jnp.arange(k)).reshape(b, g * k)  # [B, G K]
-    teacher = jax.nn.log_softmax(jnp.take_along_axis(logits, at[:, :, None], axis=1), axis=-1)
-    return BlockBatch(anchors=anchors, usable=usable, at=at, teacher=teacher.reshape(b, g, k, -1), hidden=hidden)
+    ids = None
+    if stored:
+        teacher, ids = stored_teacher(inputs, at)  # [B, G K, k] each
+        ids = ids.reshape(b, g, k, -1)
+    else:
+        teacher = jax.nn.log_softmax(jnp.take_along_axis(logits, at[:, :, None], axis=1), axis=-1)
+    teacher = teacher.reshape(b, g, k, -1)
+    return BlockBatch(tokens, anchors, usable, at, teacher, hidden, ids)
 
 
 @dataclasses.dataclass(frozen=True)
 class BlockLoss:
-    """(target_params, head_params, tokens [B, T], mask=None) -> (loss, (kl per guess [K],
-    accuracy per guess [K])): the jitted step's loss, hashable (a static argument)."""
+    """(target_params, head_params, tokens [B, T] or a stored batch, mask=None) -> (loss, (kl
+    per guess [K], accuracy per guess [K])): the jitted step's loss, hashable (a static argument)."""
 
     config: ModelConfig  # the head's N-layer config
     target_config: ModelConfig
@@ -170,13 +207,13 @@ class BlockLoss:
         k = self.block.block_size
         batch = block_batch(self.config, self.target_config, self.layers, target_params, params, tokens, mask, k,
                             self.block.anchors, self.mask_token_id)  # fmt: skip
-        usable, at, teacher = batch.usable, batch.at, batch.teacher
+        usable, at = batch.usable, batch.at
         head = block_logits_of(self.config, params, target_params, batch.hidden)  # [B, G, K, V]
-        kl = guess_kl(teacher, head)  # [B, G, K]
+        kl = batch.kl(head)  # [B, G, K]
         scored, weights = guess_weights(usable, mask, at, k, self.block.position_decay)
         loss = jnp.sum(kl * weights) / jnp.maximum(jnp.sum(weights), 1e-6)
         count = jnp.maximum(jnp.sum(scored, axis=(0, 1)), 1.0)  # [K]
-        agree = (jnp.argmax(head, axis=-1) == jnp.argmax(teacher, axis=-1)).astype(kl.dtype)
+        agree = (jnp.argmax(head, axis=-1) == batch.labels).astype(kl.dtype)
         return loss, (jnp.sum(kl * scored, axis=(0, 1)) / count, jnp.sum(agree * scored, axis=(0, 1)) / count)
 
 
@@ -227,6 +264,12 @@ def head_layer_shape(block: BlockHeadConfig, target_config: ModelConfig) -> tupl
     return block.num_attention_heads, block.num_key_value_heads, block.intermediate_size
 
 
+def head_feature_layers(block: BlockHeadConfig, target_config: ModelConfig) -> tuple[int, ...]:
+    """The target blocks a head reads (block.feature_layers, or the default); a bad index raises."""
+    num = target_config.num_hidden_layers
+    return feature_layers(block.feature_layers, num) if block.feature_layers else default_feature_layers(num)
+
+
 def block_head_parts(block: BlockHeadConfig, target, kind: type[BlockHead] = BlockHead):
     """(head config, feature layers, mask token id, params -> drafter) of a block head (or a
     subclass, `kind`) of `target` (a Model), checked before any training: a bad mask id or
@@ -234,8 +277,7 @@ def block_head_parts(block: BlockHeadConfig, target, kind: type[BlockHead] = Blo
     from specjax.training.parallel_objective import default_mask_token_id
 
     target_config = target.config
-    num = target_config.num_hidden_layers
-    layers = feature_layers(block.feature_layers, num) if block.feature_layers else default_feature_layers(num)
+    layers = head_feature_layers(block, target_config)
     heads, kv, intermediate = head_layer_shape(block, target_config)
     head = head_config(target_config, heads, kv, intermediate).replace(num_hidden_layers=block.num_layers)
     mask_id = block.mask_token_id

@@ -19,6 +19,9 @@ target's softmax(logits[a + i]). The loss has two terms:
             states with their gradient stopped: it learns to choose, never bends the
             outputs it chooses among.
 
+From a block store (features.store, training/block_store.py) the KL's teacher is the
+target's top-k renormalised and the greedy labels y_i its first stored ids (exact).
+
 Reported per step: the block KL per position, top-1 agreement per position, and two
 numbers of the selector: the mean accepted-prefix length (teacher-forced) of the path it
 selects and of path 0 (the block head's own proposal, the per-position argmax).
@@ -39,7 +42,6 @@ from specjax.training.block_objective import (
     BlockHeadConfig,
     block_batch,
     block_head_parts,
-    guess_kl,
     guess_weights,
     init_block_params,
 )
@@ -72,7 +74,7 @@ def accepted_prefix(paths, labels):
 
 @dataclasses.dataclass(frozen=True)
 class DFlash2Loss:
-    """(target_params, head_params, tokens [B, T], mask=None) -> (loss, (KL [K], accuracy [K],
+    """(target_params, head_params, tokens [B, T] or a stored batch, mask=None) -> (loss, (KL [K], accuracy [K],
     selected prefix [], path-0 prefix [], selector CE [])): the jitted step's loss, hashable."""
 
     config: ModelConfig  # the head's N-layer config
@@ -85,17 +87,17 @@ class DFlash2Loss:
         k = self.head.block_size
         batch = block_batch(self.config, self.target_config, self.layers, target_params, params, tokens, mask, k,
                             self.head.anchors, self.mask_token_id)  # fmt: skip
-        usable, at, teacher, hidden = batch.usable, batch.at, batch.teacher, batch.hidden
+        usable, at, hidden = batch.usable, batch.at, batch.hidden
         head, normed = dflash2_outputs(self.config, params, target_params, hidden)  # [B, G, K, V], [B, G, K, D]
         scored, weights = guess_weights(usable, mask, at, k, self.head.position_decay)  # [B, G, K]
 
         def weighted(x, w):
             return jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1e-6)
 
-        kl = guess_kl(teacher, head)  # [B, G, K]
+        kl = batch.kl(head)  # [B, G, K]
         # The selector over the beam's paths, on stopped unary scores and states.
         lp = jax.lax.stop_gradient(jax.nn.log_softmax(head, axis=-1))
-        anchor_tokens = jnp.take_along_axis(tokens, batch.anchors, axis=1)  # [B, G]
+        anchor_tokens = jnp.take_along_axis(batch.tokens, batch.anchors, axis=1)  # [B, G]
         paths, s = path_candidates(
             params,
             target_params,
@@ -105,7 +107,7 @@ class DFlash2Loss:
             self.head.paths,
             self.head.branch,
         )  # [B, G, P, K], [B, G, P]
-        labels = jnp.argmax(teacher, axis=-1)  # [B, G, K]
+        labels = batch.labels  # [B, G, K]: the target's greedy tokens
         kept = accepted_prefix(paths, labels)  # [B, G, P]
         best = kept == jnp.max(kept, axis=-1, keepdims=True)
         log_pi = jax.nn.log_softmax(s, axis=-1)

@@ -17,6 +17,10 @@ target's softmax(logits[a + i]). The loss has three terms:
            condition). Every position weighs the same (a schedule reads the late ones too),
            and the confidence head reads the state with its gradient stopped: it learns to
            read the state, never bends it.
+
+From a block store (features.store, training/block_store.py) the teacher is the target's
+top-k renormalised and the labels' argmax its first stored id (exact): nothing else of the
+target is read.
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ from specjax.training.block_objective import (
     BlockHeadConfig,
     block_batch,
     block_head_parts,
-    guess_kl,
     guess_weights,
     init_block_params,
 )
@@ -60,7 +63,7 @@ class DSparkHeadConfig(BlockHeadConfig):
 
 @dataclasses.dataclass(frozen=True)
 class DSparkLoss:
-    """(target_params, head_params, tokens [B, T], mask=None) -> (loss, (block KL [K], Markov
+    """(target_params, head_params, tokens [B, T] or a stored batch, mask=None) -> (loss, (block KL [K], Markov
     KL [K], Markov accuracy [K], mean confidence [K], confidence BCE [K])) per output: the
     jitted step's loss, hashable (a static argument)."""
 
@@ -72,12 +75,11 @@ class DSparkLoss:
 
     def __call__(self, target_params, params, tokens, mask=None):
         k = self.head.block_size
-        b = tokens.shape[0]
         batch = block_batch(self.config, self.target_config, self.layers, target_params, params, tokens, mask, k,
                             self.head.anchors, self.mask_token_id)  # fmt: skip
-        usable, at, teacher, hidden = batch.usable, batch.at, batch.teacher, batch.hidden
-        g = usable.shape[1]
-        previous = jnp.take_along_axis(tokens, at, axis=1).reshape(b, g, k)  # [B, G, K]
+        usable, at, hidden = batch.usable, batch.at, batch.hidden
+        b, g = usable.shape
+        previous = jnp.take_along_axis(batch.tokens, at, axis=1).reshape(b, g, k)  # [B, G, K]
         use = jnp.arange(k) >= 1  # [K]: output 0 follows the anchor, no Markov term
 
         plain = block_logits_of(self.config, params, target_params, hidden)  # [B, G, K, V]
@@ -91,8 +93,8 @@ class DSparkLoss:
         def weighted(x, w):
             return jnp.sum(x * w) / jnp.maximum(jnp.sum(w), 1e-6)
 
-        kl_plain, kl_markov = guess_kl(teacher, plain), guess_kl(teacher, markov)  # [B, G, K]
-        survives = jax.lax.stop_gradient(jnp.argmax(markov, axis=-1) == jnp.argmax(teacher, axis=-1))
+        kl_plain, kl_markov = batch.kl(plain), batch.kl(markov)  # [B, G, K]
+        survives = jax.lax.stop_gradient(jnp.argmax(markov, axis=-1) == batch.labels)
         bce = optax.sigmoid_binary_cross_entropy(c_logit, survives.astype(jnp.float32))  # [B, G, K]
         loss = (
             weighted(kl_plain, weights)

@@ -1,6 +1,8 @@
 """An on-disk store of what a head's objective reads of the frozen target, so the target runs
 once per dataset instead of once per training step (`specjax store-features`, then
 `train-head` with `features.store: DIR`; docs/training.md, "Training from stored features").
+Two kinds: EAGLE-3's (below) and the block heads' (states and the target's top-k
+log-probabilities: training/block_store.py); the layout, writing and reading are shared.
 
 What is stored (EAGLE-3 as published, training/eagle3_objective.py), per training window
 [L] of the run (training/feature_windows.py), exactly the dict `target_side` computes live:
@@ -63,7 +65,8 @@ FORMAT = 1
 MANIFEST = "manifest.json"
 DTYPES = ("bfloat16", "float32")
 MAX_STORED_VOCAB = 16384  # draft-vocabulary logits per position stored; more would approach the full V
-_FLOAT_ARRAYS = ("multi", "logits", "final")  # stored in the store's dtype; the rest as they are
+# Stored in the store's dtype, the rest as they are: EAGLE-3's, then the block kind's (block_store.py).
+_FLOAT_ARRAYS = ("multi", "logits", "final", "states", "top_logprobs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,10 +77,14 @@ class FeatureStoreConfig:
     dtype: str = "bfloat16"  # of the stored states and logits: "bfloat16" or "float32"
     shard_windows: int = 64  # windows per shard file
     forward_batch: int = 4  # windows per target forward when building (memory: [B, L, V] logits)
+    # Block heads' stores: the target's top_k log-probabilities per position, the teacher (block_store.py).
+    top_k: int = 64
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"features.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.top_k < 1:
+            raise ValueError(f"features.top_k must be >= 1, got {self.top_k}")
         if self.shard_windows < 1 or self.forward_batch < 1:
             raise ValueError(
                 f"features.shard_windows and forward_batch must be >= 1, got {self.shard_windows}, {self.forward_batch}"
@@ -242,8 +249,9 @@ class FeatureStore:
         return self._files[index]
 
     def batch(self, rows: np.ndarray) -> tuple[dict, np.ndarray | None]:
-        """Windows `rows` [B] -> ({tokens int32 [B, L], multi, logits, in_draft bool, final?},
-        mask bool [B, L] aligned with the tokens, or None for a corpus store)."""
+        """Windows `rows` [B] -> ({tokens int32 [B, L], and EAGLE-3's multi, logits, in_draft
+        bool, final? or a block store's states, top_logprobs, top_ids}, mask bool [B, L]
+        aligned with the tokens, or None for a corpus store)."""
         picked: dict[str, list] = {}
         for row in np.asarray(rows).tolist():
             shard = self._file(row // self._shard)
@@ -254,6 +262,7 @@ class FeatureStore:
         for name in _FLOAT_ARRAYS:
             if name in out and self.dtype == "bfloat16":
                 out[name] = out[name].view(ml_dtypes.bfloat16)
-        out["in_draft"] = out["in_draft"].astype(bool)
+        if "in_draft" in out:
+            out["in_draft"] = out["in_draft"].astype(bool)
         mask = out.pop("mask").astype(bool)
         return out, None if self.corpus else mask

@@ -56,7 +56,7 @@ from specjax.training.head_kinds import (
 from specjax.training.run_data import dataset_batches, eval_prompts, predicted_mask, report_dataset
 from specjax.training.run_dirs import open_run, resume_or_start
 from specjax.training.sharded_steps import MeshSteps, check_mesh
-from specjax.training.stored_features import build_store, stored_batches
+from specjax.training.stored_features import build_store, check_storable, stored_batches
 from specjax.training.train import OptimConfig, make_optimizer
 
 __all__ = ["EagleHeadConfig", "HeadTrainConfig", "Kind", "eagle_loss", "eagle_objective", "medusa_loss", "train_head"]
@@ -141,7 +141,8 @@ class HeadTrainConfig:
     # batch size); the head replicated (training/sharded_steps.py). None: one device.
     mesh: str | None = None
     # features.store: train from a feature store (training/feature_store.py, built by `specjax
-    # store-features`) instead of running the target every step; EAGLE-3 (eagle.eagle3) only.
+    # store-features`) instead of running the target every step; EAGLE-3 (eagle.eagle3) and the
+    # block kinds (block, dspark, dflash2: training/block_store.py) only.
     features: FeatureStoreConfig = dataclasses.field(default_factory=FeatureStoreConfig)
 
     def __post_init__(self):
@@ -152,11 +153,8 @@ class HeadTrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.eagle.eagle3.enabled and self.kind != "eagle":
             raise ValueError(f"eagle.eagle3.enabled trains an EAGLE head: set kind=eagle (got kind={self.kind})")
-        if self.features.store is not None and not self.eagle.eagle3.enabled:
-            raise ValueError(
-                "features.store holds EAGLE-3's target side: set kind=eagle and eagle.eagle3.enabled=true, "
-                "or leave features.store unset to train live"
-            )
+        if self.features.store is not None:
+            check_storable(self)
         check_mesh(self.mesh, self.batch_size)
         if self.kind in BLOCK_KINDS:
             seq_len = self.data.seq_len if self.dataset is None else self.dataset.seq_len
@@ -194,8 +192,7 @@ def _batches(config: HeadTrainConfig, target: Model):
 
 def _stored_batches(config: HeadTrainConfig, target: Model, out_dir: Path):
     """`_batches` read from the run's feature store (training/stored_features.py)."""
-    _, layers, vocab = eagle3_setup(config, target, out_dir)
-    return stored_batches(config, target, layers, vocab, _batches(config, target))
+    return stored_batches(config, target, out_dir, _batches(config, target))
 
 
 def store_features(config: HeadTrainConfig, out_dir: str | Path, progress: bool = True, stop_after=None) -> dict:
@@ -203,11 +200,8 @@ def store_features(config: HeadTrainConfig, out_dir: str | Path, progress: bool 
     (`specjax store-features`). stop_after: at most that many new shards (tests)."""
     from specjax.io.presets import resolve_model
 
-    if not (config.kind == "eagle" and config.eagle.eagle3.enabled):
-        raise ValueError("store-features stores EAGLE-3's target side: the config needs eagle.eagle3.enabled=true")
-    target = resolve_model(config.target)
-    _, layers, vocab = eagle3_setup(config, target, None)  # what a new run of this config counts
-    return build_store(config, target, layers, vocab, out_dir, progress, stop_after)
+    check_storable(config)  # before the target loads
+    return build_store(config, resolve_model(config.target), out_dir, progress, stop_after)
 
 
 def _parts(names: tuple[str, ...], parts) -> dict:
