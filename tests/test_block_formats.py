@@ -230,3 +230,30 @@ def test_unsupported_published_variants_are_refused(written, target, tmp_path):
         (copy / "config.json").write_text(json.dumps({**config, **change}))
         with pytest.raises(ValueError, match=message):
             specjax.load_drafter(copy, target)
+
+
+def test_a_head_trained_with_qwen3_layers_saves_loads_and_exports(target, tmp_path):
+    """train-head's `block.layer_type: qwen3` builds the layers the DFlash engines serve: with
+    layer_init target they are the target's own plus fresh q/k norms; the head keeps its
+    layer type through specjax's own files and exports as DFlash, where a Llama-layer head is refused."""
+    from specjax.training.block_objective import BlockHeadConfig, block_head_parts, init_block_params
+
+    def start(layer_type):
+        block = BlockHeadConfig(layer_type=layer_type, layer_init="target", feature_layers=(0,), block_size=3,
+                                mask_token_id=0)  # fmt: skip
+        head, layers, _, as_head = block_head_parts(block, target)
+        return as_head(init_block_params(head, block, target.config, target.params, layers, seed=0))
+
+    qwen3 = start("qwen3")
+    attn, copied = qwen3.params["layers"][0]["attn"], target.params["layers"][0]["attn"]
+    np.testing.assert_array_equal(attn["q_proj"], copied["q_proj"])
+    np.testing.assert_array_equal(attn["q_norm"]["scale"], np.ones(8))
+    specjax.save_drafter(qwen3, tmp_path / "own", "tiny", target)
+    loaded = specjax.load_drafter(str(tmp_path / "own"), target)
+    assert loaded.config.model_type == "qwen3"
+    specjax.save_drafter(loaded, tmp_path / "dflash", "tiny", target, format="dflash")
+    assert json.loads((tmp_path / "dflash" / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+    with pytest.raises(ValueError, match="q/k RMSNorm"):
+        specjax.save_drafter(start("llama"), tmp_path / "llama", "tiny", target, format="dflash")
+    with pytest.raises(ValueError, match=r"block\.layer_type must be one of llama, qwen3"):
+        BlockHeadConfig(layer_type="mistral")

@@ -38,6 +38,10 @@ from specjax.models.heads import head_config
 from specjax.training.block_store import stored_teacher, topk_kl
 
 LAYER_INITS = ("random", "target")
+# The head's decoder layers: "llama" (specjax's default), or "qwen3": the same with a per-head
+# q/k RMSNorm, the layers every DFlash engine serves (z-lab, vLLM, SGLang, speculators), so the
+# trained head exports with `save-head --format dflash` (docs/head_formats_block.md).
+LAYER_TYPES = ("llama", "qwen3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +56,9 @@ class BlockHeadConfig:
     # "random": fresh layers; "target": copies of the target's first num_layers layers (which,
     # like the block, read token embeddings), a start that trains in far fewer steps.
     layer_init: str = "random"
+    # "llama" or "qwen3" (LAYER_TYPES); with layer_init target a qwen3 head copies the target's
+    # layers and starts its q/k norms at ones.
+    layer_type: str = "llama"
     # Target blocks whose outputs make the context; () takes EAGLE-3's default (HF 2, L//2, L-3),
     # or for a target of fewer than 7 layers the first, middle and last.
     feature_layers: tuple[int, ...] = ()
@@ -63,6 +70,8 @@ class BlockHeadConfig:
     def __post_init__(self):
         if self.layer_init not in LAYER_INITS:
             raise ValueError(f"block.layer_init must be one of {', '.join(LAYER_INITS)}, got {self.layer_init!r}")
+        if self.layer_type not in LAYER_TYPES:
+            raise ValueError(f"block.layer_type must be one of {', '.join(LAYER_TYPES)}, got {self.layer_type!r}")
         for name in ("num_layers", "block_size", "anchors"):
             if getattr(self, name) < 1:
                 raise ValueError(f"block.{name} must be >= 1, got {getattr(self, name)}")
@@ -241,8 +250,18 @@ def init_block_params(head: ModelConfig, block: BlockHeadConfig, target_config, 
     """The head's initial params: fresh, or with the target's first layers (layer_init target)."""
     params = init_block_head_params(head, len(layers), seed, target_params)
     if block.layer_init == "target":
-        params["layers"] = {i: jax.tree.map(jnp.array, target_params["layers"][i]) for i in range(block.num_layers)}
+        copied = {i: jax.tree.map(jnp.array, target_params["layers"][i]) for i in range(block.num_layers)}
+        params["layers"] = _overlay(params["layers"], copied)  # a qwen3 head keeps its fresh q/k norms
     return params
+
+
+def _overlay(fresh: dict, copied: dict) -> dict:
+    """fresh's tree, each leaf that copied also has taken from copied (the params only fresh has,
+    e.g. a qwen3 head's q/k norms over a Llama target's layers, stay fresh)."""
+    return {
+        key: (_overlay(value, copied[key]) if isinstance(value, dict) else copied[key]) if key in copied else value
+        for key, value in fresh.items()
+    }
 
 
 def head_layer_shape(block: BlockHeadConfig, target_config: ModelConfig) -> tuple[int, int, int]:
@@ -279,7 +298,8 @@ def block_head_parts(block: BlockHeadConfig, target, kind: type[BlockHead] = Blo
     target_config = target.config
     layers = head_feature_layers(block, target_config)
     heads, kv, intermediate = head_layer_shape(block, target_config)
-    head = head_config(target_config, heads, kv, intermediate).replace(num_hidden_layers=block.num_layers)
+    head = head_config(target_config, heads, kv, intermediate, model_type=block.layer_type)
+    head = head.replace(num_hidden_layers=block.num_layers)
     mask_id = block.mask_token_id
     if mask_id is None:
         mask_id = default_mask_token_id(target.tokenizer, target_config.vocab_size)

@@ -239,6 +239,8 @@ def save_drafter(
         }
         if isinstance(drafter, BlockHead):
             shape["num_hidden_layers"] = c.num_hidden_layers
+            if c.model_type != "llama":  # qwen3 layers (q/k norms): the DFlash engines' own
+                shape["layer"] = {"model_type": c.model_type}
             shape.update(mask_token_id=drafter.mask_token_id, block_size=drafter.block_size)
             if isinstance(drafter, DFlash2):
                 shape.update({k: getattr(drafter, k) for k in _DFLASH2_FIELDS})
