@@ -3,7 +3,8 @@ seen, and the training loss, from each run's `metrics.jsonl` (issue 41).
 
     python scripts/learning_curves.py RUN_DIR [RUN_DIR ...] --out results/smollm2_training_v2/curves
 
-A run directory is what `specjax train-head --out DIR` writes (metrics.jsonl, head_config.yaml);
+A run directory is what `specjax train-head --out DIR` writes (metrics.jsonl, head_config.yaml)
+or `specjax distill --out DIR` (metrics.jsonl, distill_config.yaml);
 it may still be training: the curves hold what it has logged so far. Writes OUT.json (every
 evaluation and every logged loss per run, with tokens seen) and OUT.png (acceptance against
 tokens seen, loss against steps). Tokens seen = steps x batch x window (the windows' tokens,
@@ -30,7 +31,8 @@ def curve(run: Path) -> dict:
     metrics = run / "metrics.jsonl"
     if not metrics.is_file():
         raise SystemExit(f"learning_curves: error: {metrics} does not exist (not a train-head run directory?)")
-    config = yaml.safe_load((run / "head_config.yaml").read_text()) if (run / "head_config.yaml").is_file() else {}
+    saved = [run / name for name in ("head_config.yaml", "distill_config.yaml") if (run / name).is_file()]
+    config = yaml.safe_load(saved[0].read_text()) if saved else {}
     batch, length = window(config)
     evals, losses = [], []
     for line in metrics.read_text().splitlines():
@@ -51,7 +53,7 @@ def curve(run: Path) -> dict:
     return {
         "run": str(run),
         "label": label,
-        "kind": config.get("kind"),
+        "kind": config.get("kind") or ("distill" if saved and saved[0].name.startswith("distill") else None),
         "batch": batch,
         "window": length,
         "evaluations": evals,
