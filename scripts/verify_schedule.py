@@ -36,11 +36,13 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, nargs="+", default=[0.0])
     parser.add_argument("--new", type=int, default=64, help="tokens per generation")
     parser.add_argument("--k", type=int, default=4, help="the schedule's K (drafts per round)")
+    parser.add_argument("--draft", default="stdlib-draft", help="any drafter name (stdlib-block-head: a head)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="results/verify_schedule/verify_schedule.json")
     args = parser.parse_args()
 
-    target, draft = specjax.load_model("stdlib-target"), specjax.load_model("stdlib-draft")
+    target = specjax.load_model("stdlib-target")
+    draft = specjax.load_drafter(args.draft, target)
     rows = []
     for batch in args.batch:
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
@@ -89,6 +91,7 @@ def main() -> None:
                 )
     command = "python scripts/verify_schedule.py " + " ".join(
         [f"--batch {' '.join(map(str, args.batch))}", f"--temperature {' '.join(map(str, args.temperature))}",
+         f"--draft {args.draft}",
          f"--new {args.new}", f"--k {args.k}", f"--repeats {args.repeats}"]
     )  # fmt: skip
     result = {"command": command, "environment": environment(), "device": str(jax.devices()[0]), "rows": rows}

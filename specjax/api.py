@@ -168,8 +168,10 @@ def init_state(
 
 
 def step(target: Model, state: LoopState, *, draft: Model | Drafter | None = None) -> LoopState:
-    """One jitted round (a plain step, or draft, verify, commit per row). `state` is donated.
-    `draft` must be the drafter the state was initialised with (its weights are read here)."""
+    """One jitted round (a plain step, or draft, verify, commit per row); with adaptive K or a
+    verify schedule, one run of rounds that keep choosing the same K or width (a schedule's:
+    at most engine/verify_schedule.py ROUNDS_PER_CALL), as the compiled loop runs them. `state`
+    is donated. `draft` must be the drafter the state was initialised with (its weights are read here)."""
     expected = state.plan.drafter
     if (draft is None) != (expected is None):
         raise ValueError(

@@ -191,6 +191,41 @@ def test_sampling_follows_the_target_end_to_end(pair8):  # noqa: F811
     assert out.stats.drafter["verify_width_2_rounds"] > 0  # drafts cut: the token after the cut is p's
 
 
+def test_runs_of_rounds_are_the_rounds_one_switch_each_would_be(pair8, monkeypatch):  # noqa: F811
+    """schedule_round runs rounds that choose the same width in one while loop, carrying the
+    next round's proposal across runs and drafting it again after a call's last round: every
+    round must still be the one a round of its own (draft, choose, one switch) makes, keys
+    included. Sampled (T = 1), widths changing, calls cut every 2 rounds."""
+    from specjax.engine import verify_schedule as vs
+
+    target, draft = pair8
+    monkeypatch.setattr(vs, "ROUNDS_PER_CALL", 2)  # read when traced: this plan's costs are unique
+    config = specjax.GenerationConfig.at_temperature(1.0, max_new_tokens=10, seed=7)
+    schedule = {"widths": [1, 2, 4], "costs": {1: 1.0, 2: 1.13, 4: 1.31}}
+    speculative = specjax.SpeculativeConfig.from_mapping({"num_speculative_tokens": 3, "verify_schedule": schedule})
+    prompts = [PROMPT, [4, 5], [6, 1, 2, 3]]
+    weights = as_drafter(draft).weights()
+
+    @jax.jit
+    def one_round(state):
+        drafted = vs._draft(target.params, weights, state)
+        branches = [lambda s, d, j=j: vs._verify(j, target.params, weights, s, d) for j in range(3)]
+        return jax.lax.switch(drafted.index, branches, state, drafted)
+
+    def drive(step):
+        state = specjax.init_state(target, prompts, config, draft=draft, speculative=speculative)
+        while not bool(jnp.all(state.done)):
+            state = step(state)
+        return specjax.state_output(state)
+
+    runs = drive(lambda s: specjax.step(target, s, draft=draft))
+    rounds = drive(one_round)
+    assert runs.tokens == rounds.tokens
+    used = [runs.stats.drafter[f"verify_width_{w}_rounds"] for w in (1, 2, 4)]
+    assert used == [rounds.stats.drafter[f"verify_width_{w}_rounds"] for w in (1, 2, 4)]
+    assert sum(u > 0 for u in used) >= 2, used  # the width changed: runs ended and began
+
+
 # --- Configuration --------------------------------------------------------------------------
 
 

@@ -41,6 +41,7 @@ read it). Drafters see an ordinary chain round that accepted num_accepted <= w -
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -50,7 +51,7 @@ from flax import struct
 from specjax.core.state import LoopState
 from specjax.core.verify_widths import VerifySchedule, as_verify_schedule, default_widths
 from specjax.drafters import Proposal
-from specjax.engine.rounds import propose, verify_proposal
+from specjax.engine.rounds import draft_context, propose, verify_proposal
 
 __all__ = ["VerifySchedule", "as_verify_schedule", "choose_width", "default_widths", "schedule_round"]
 
@@ -103,6 +104,12 @@ def draft_confidence(proposal: Proposal, greedy: bool):
 
 
 # --- The loop state and the round --------------------------------------------------------
+
+# The most rounds one call of schedule_round runs (one iteration of the generation loop, or
+# one `specjax.step`): a call ends with the next round drafted and dropped (the next call
+# drafts it again from the same state, the same round), so longer calls waste less drafting,
+# shorter ones return to the host sooner.
+ROUNDS_PER_CALL = 16
 
 
 @struct.dataclass
@@ -180,20 +187,32 @@ def _fold(
     )
 
 
-def schedule_round(target_params, draft_weights, state: LoopState) -> LoopState:
-    """Draft K, choose the verify width (past rounds and the proposal only, never this
-    round's verdict), verify that many drafts and commit."""
+@struct.dataclass
+class _Drafted:
+    """A round drafted from the committed state and its width chosen, not yet verified:
+    carried into the next round's run (the choice is made after drafting, so a run of
+    equal choices can only test the next round's choice by drafting it)."""
+
+    proposal: Proposal  # K drafts per row
+    confidence: jax.Array | None  # [B, K] float32 raw (uncalibrated), or None
+    changed: Any  # the drafter's state after proposing: its leaves, None where the state's own (_changed)
+    rng: jax.Array  # the round's rng after its splits
+    accept_key: jax.Array
+    index: jax.Array  # [] int32: into VerifySchedule.widths
+
+
+def _draft(target_params, draft_weights, state: LoopState) -> _Drafted:
+    """Draft K and choose the verify width: past rounds and the proposal only, never this
+    round's verdict. A pure function of `state`: drafting again from it gives the same round."""
     plan = state.plan
     config = plan.verify_schedule
-    k = plan.num_speculative_tokens
-    ctx, proposal, draft_state, rng, accept_key = propose(target_params, draft_weights, state)
+    _, proposal, draft_state, rng, accept_key = propose(target_params, draft_weights, state)
     sched = state.schedule
-    live = ~state.done
     greedy = plan.sampling.greedy
     confidence = draft_confidence(proposal, greedy)  # [B, K] or None
     index = choose_width(
         measured_rates(sched, config),
-        live,
+        ~state.done,
         jnp.asarray(config.cost_vector()),
         config.widths,
         None if confidence is None else calibrated(confidence, sched, config),
@@ -202,21 +221,90 @@ def schedule_round(target_params, draft_weights, state: LoopState) -> LoopState:
     )
     if config.probe_every and config.widths[0] == 1:
         index = jnp.where((index == 0) & (sched.narrow_run >= config.probe_every), 1, index).astype(jnp.int32)
+    return _Drafted(proposal, confidence, _changed(state.draft_state, draft_state), rng, accept_key, index)
 
-    def branch(w: int):
-        def run(s: LoopState) -> LoopState:
-            cut = Proposal(
-                tokens=proposal.tokens[:, : w - 1],
-                q=None if proposal.q is None else proposal.q[:, : w - 1],
-                found=proposal.found,
-            )
-            return verify_proposal(target_params, draft_weights, s, ctx, cut, draft_state, rng, accept_key)
 
-        return run
+def _changed(before, after):
+    """after's leaves, None where propose passed before's leaf through unchanged (the same
+    traced array): carried beside the loop state's own, such a leaf (a head's feature
+    buffer) would be a second live copy of one buffer, which XLA copies every round. A
+    state that changed shape is kept whole."""
+    new, tree = jax.tree.flatten(after)
+    if tree != jax.tree.structure(before):
+        return {"whole": after}
+    return tuple(None if a is b else a for a, b in zip(new, jax.tree.leaves(before), strict=True))
 
-    after = jax.lax.switch(index, [branch(w) for w in config.widths], state)
+
+def _proposed_state(state: LoopState, drafted: _Drafted):
+    """The drafter's state after proposing `drafted`, from the loop state it was drafted from."""
+    leaves, tree = jax.tree.flatten(state.draft_state)
+    changed = drafted.changed
+    if isinstance(changed, dict):
+        return changed["whole"]
+    return jax.tree.unflatten(tree, [a if c is None else c for a, c in zip(leaves, changed, strict=True)])
+
+
+def _verify(j: int, target_params, draft_weights, state: LoopState, drafted: _Drafted) -> LoopState:
+    """Verify the first widths[j] - 1 of the drafts drafted from `state` and commit."""
+    config = state.plan.verify_schedule
+    w = config.widths[j]
+    proposal = drafted.proposal
+    cut = Proposal(
+        tokens=proposal.tokens[:, : w - 1],
+        q=None if proposal.q is None else proposal.q[:, : w - 1],
+        found=proposal.found,
+    )
+    ctx = draft_context(state, target_params)  # what `propose` read: the state is the one drafted from
+    after = verify_proposal(
+        target_params, draft_weights, state, ctx, cut, _proposed_state(state, drafted), drafted.rng, drafted.accept_key
+    )
     num_accepted = jnp.sum(after.accepted_at - state.accepted_at, axis=1)  # [B]
-    return after.replace(schedule=_fold(sched, config, index, num_accepted, live, proposal.found, confidence, k))
+    k = state.plan.num_speculative_tokens
+    sched = _fold(state.schedule, config, j, num_accepted, ~state.done, proposal.found, drafted.confidence, k)
+    return after.replace(schedule=sched)
+
+
+def schedule_round(target_params, draft_weights, state: LoopState) -> LoopState:
+    """Scheduled rounds, each: draft K, choose the verify width, verify that many drafts and
+    commit; at most ROUNDS_PER_CALL of them, fewer once every row is done (none if it is
+    on entry).
+
+    One `lax.switch` per run of rounds that choose the same width, not per round: on
+    XLA:CPU a conditional in the loop body copies the loop state (the KV caches, the token
+    buffer, a head's feature buffer) each time it runs, which made a schedule forced to
+    one width up to 45% slower than the static chain of that width at batch 16
+    (results/verify_schedule). Inside a run the rounds are an ordinary while loop, each
+    choosing from its own proposal as a round of its own would: the round after a run's
+    last is drafted (its choice made) inside the run and carried into the next run, so no
+    round is drafted twice within a call and every round splits the keys a lone round
+    would. What the carried round holds of the drafter's state is only what its propose
+    changed (_changed): a draft model's cache, written by propose while the loop state
+    still holds the one before, is still copied every round, the target's caches are not.
+    """
+    config = state.plan.verify_schedule
+    first = _draft(target_params, draft_weights, state)
+    if len(config.widths) == 1:  # one width (verify_costs.py times exactly one such round)
+        return _verify(0, target_params, draft_weights, state, first)
+
+    def more(carry) -> jax.Array:
+        s, _, rounds = carry
+        return ~jnp.all(s.done) & (rounds < ROUNDS_PER_CALL)
+
+    def run_of(j: int):
+        def cond_fn(carry):
+            return more(carry) & (carry[1].index == j)
+
+        def body_fn(carry):
+            s, drafted, rounds = carry
+            s = _verify(j, target_params, draft_weights, s, drafted)
+            return s, _draft(target_params, draft_weights, s), rounds + 1
+
+        return lambda carry: jax.lax.while_loop(cond_fn, body_fn, carry)
+
+    runs = [run_of(j) for j in range(len(config.widths))]
+    carry = (state, first, jnp.zeros((), jnp.int32))
+    state, _, _ = jax.lax.while_loop(more, lambda c: jax.lax.switch(c[1].index, runs, c), carry)
+    return state
 
 
 def schedule_stats(stats, state: LoopState, num_rows: int | None):
