@@ -22,7 +22,8 @@ from specjax.cli import main
 from specjax.constraints import Constraint, as_constraints, compile_constraint, grammar_for_rows, token_bytes
 from specjax.core.acceptance import rejection_sampling_rule
 from specjax.core.sampling import SamplingConfig, probabilities
-from specjax.drafters import PromptLookup
+from specjax.drafters import ParallelDraft, PromptLookup
+from specjax.drafters.proposing import draw as _draw
 
 # 47 token strings and EOS (id 47): single characters and a few multi-character tokens.
 VOCAB48 = [
@@ -133,9 +134,9 @@ def test_cli_refuses_a_bad_regex(capsys):
 
 
 def test_greedy_speculation_under_constraints_equals_plain(worded):
-    """Batch 2, a regex on one row and a JSON schema on the other: prompt lookup (a chain)
-    and a draft model's token tree commit what plain constrained decoding commits, and
-    every output matches its constraint."""
+    """Batch 2, a regex on one row and a JSON schema on the other: prompt lookup (a chain),
+    a draft model's token tree, a PARD block and DSpark's chain commit what plain
+    constrained decoding commits, and every output matches its constraint."""
     target, draft = worded
     constraints = [Constraint(regex=REGEX), Constraint(json_schema=SCHEMA)]
     config = specjax.GenerationConfig(max_new_tokens=40, eos_token_id=EOS48, constraint=constraints)
@@ -150,6 +151,14 @@ def test_greedy_speculation_under_constraints_equals_plain(worded):
     tree = specjax.generate(target, PROMPTS, config, draft=draft, speculative=tree_rounds)
     assert tree.tokens == plain.tokens
     assert tree.stats.accepted_tokens > 0
+    # A parallel drafter's block, each output masked at the state after the ones before it,
+    # and DSpark's Markov chain, masked the same way.
+    from test_dspark import _dspark
+
+    pard = specjax.generate(target, PROMPTS, config, draft=ParallelDraft(draft, 46), speculative=k3)
+    assert pard.tokens == plain.tokens
+    dspark = specjax.generate(target, PROMPTS, config, draft=_dspark(target), speculative=k3)
+    assert dspark.tokens == plain.tokens
 
 
 # --- T = 1: the tokens follow the masked target distribution --------------------------------
@@ -208,14 +217,34 @@ def _stale_states(next_state, states, tokens):
     return jnp.repeat(states[:, None], tokens.shape[1] + 1, axis=1)
 
 
-@pytest.mark.parametrize("variant", ["exact", "stale_states"])
+def _unnormalised(scores, next_state, states, sampled):
+    """Wrong on purpose: a tree node's masked draft distribution left unnormalised, so the q
+    the tree rule reads is not the distribution its children were drawn from."""
+    from specjax.core.grammar import allowed
+
+    ok = allowed(next_state, states)
+    return jnp.where(ok, jnp.broadcast_to(scores, ok.shape), 0.0 if sampled else -jnp.inf)
+
+
+def _tempered_draw(key, logits, sampling):
+    """Wrong on purpose: draws as `draw` does but reports q**2 renormalised, not the
+    distribution the draft came from."""
+    token, q = _draw(key, logits, sampling)
+    return token, q**2 / jnp.sum(q**2, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("variant", ["exact", "stale_states", "tree", "tree_unnormalised", "block", "block_wrong_q"])
 def test_constrained_sampling_follows_the_masked_target(variant, monkeypatch):
+    """T = 1 under REGEX8: chain rounds, a draft model's token tree (whose nodes propose
+    under the mask: drafters/proposing.py expand_tree) and a parallel (PARD) drafter's block
+    (each output masked at the state after the ones before it: block_proposal), each with a
+    wrong variant."""
     vocab8 = TARGET_CONFIG.replace(vocab_size=8)
     target = dataclasses.replace(scaled_model(vocab8, seed=0, scale=6.0), tokenizer=VOCAB8)
     draft = scaled_model(vocab8.replace(num_hidden_layers=1), seed=5, scale=6.0)
     expected = _masked_joint(target)
-    rule = rejection_sampling_rule
-    if variant != "exact":
+    speculative = specjax.SpeculativeConfig(num_speculative_tokens=2)
+    if variant == "stale_states":
         import specjax.engine.rounds as rounds
 
         monkeypatch.setattr(rounds, "states_along", _stale_states)
@@ -223,14 +252,33 @@ def test_constrained_sampling_follows_the_masked_target(variant, monkeypatch):
         def rule(*args):  # another rule object: another plan, so the round is traced anew
             return rejection_sampling_rule(*args)
 
+        speculative = speculative.replace(rule=rule)
+    if variant.startswith("tree"):
+        speculative = specjax.SpeculativeConfig(tree="full:2:2")
+    if variant == "tree_unnormalised":
+        import specjax.drafters.proposing as proposing
+        from specjax.trees import tree_rejection_rule
+
+        monkeypatch.setattr(proposing, "_constrained_scores", _unnormalised)
+
+        def tree_rule(*args):  # another rule object: the round is traced anew, with the patch
+            return tree_rejection_rule(*args)
+
+        speculative = speculative.replace(rule=tree_rule)
+    if variant.startswith("block"):
+        draft = ParallelDraft(draft, 6)  # proposes K = 2 from one pass, mask token "g"
+    if variant == "block_wrong_q":
+        import specjax.drafters.proposing as proposing
+
+        monkeypatch.setattr(proposing, "draw", _tempered_draw)
+        draft = ParallelDraft(draft.model, 5)  # another drafter: the round is traced anew, with the patch
     config = specjax.GenerationConfig.at_temperature(
         1.0, max_new_tokens=2, seed=4, eos_token_id=7, constraint=Constraint(regex=REGEX8)
     )
-    speculative = specjax.SpeculativeConfig(num_speculative_tokens=2, rule=rule)
     out = specjax.generate(target, [[1, 2, 3]] * SAMPLES, config, draft=draft, speculative=speculative)
     tokens = np.asarray(out.tokens)
     p_value = chi_square_p_value(tokens[:, 0] * 8 + tokens[:, 1], expected)
-    if variant == "exact":
+    if variant in ("exact", "tree", "block"):
         assert p_value > 1e-3
         assert 0.0 < out.stats.acceptance_rate < 1.0  # drafts were judged, some rejected
     else:

@@ -68,6 +68,6 @@ def recording(drafter: BlockProposals, sink, max_rank: int):
             logits, state = self.block_logits(weights, state, ctx, ctx.num_speculative_tokens)  # [B, K, V]
             top = jax.lax.top_k(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), max_rank)[0]  # [B, K, R]
             jax.debug.callback(sink, top, ctx.done)
-            return block_proposal(logits, key, ctx.sampling), state
+            return block_proposal(logits, key, ctx.sampling, ctx.grammar), state
 
     return Recording(**{f.name: getattr(drafter, f.name) for f in dataclasses.fields(drafter)})

@@ -66,11 +66,11 @@ class BlockProposals(Drafter):
 
     def propose(self, weights, state, ctx: DraftContext, key) -> tuple[Proposal, Any]:
         logits, state = self.block_logits(weights, state, ctx, ctx.num_speculative_tokens)  # [B, K, V]
-        return block_proposal(logits, key, ctx.sampling), state
+        return block_proposal(logits, key, ctx.sampling, ctx.grammar), state
 
     def propose_tree(self, weights, state, ctx: DraftContext, key) -> tuple[TreeProposal, Any]:
         logits, state = self.block_logits(weights, state, ctx, ctx.tree.depth)  # [B, depth, V]: one per depth
-        return block_tree(logits, ctx.tree, key, ctx.sampling, self.tree_candidates), state
+        return block_tree(logits, ctx.tree, key, ctx.sampling, self.tree_candidates, ctx.grammar), state
 
 
 def check_tree_candidates(kind: str, value: str) -> None:

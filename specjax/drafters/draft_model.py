@@ -111,7 +111,7 @@ def propose_tree(config: ModelConfig, params, cache: KVCache, ctx: DraftContext,
         return candidate_scores(logits, sampling), cache  # [B, F, V]
 
     root = candidate_scores(logits[:, -1:], sampling)  # [B, 1, V]
-    return expand_tree(tree, root, key, samples_candidates(sampling, candidates), grow, cache)
+    return expand_tree(tree, root, key, samples_candidates(sampling, candidates), grow, cache, ctx.grammar)
 
 
 def prefilled(config: ModelConfig, params, ctx: DraftContext, prompt, cache_length: int) -> ModelDraftState:

@@ -29,6 +29,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from specjax.core.grammar import mask_logits
+from specjax.core.grammar import step as grammar_step
 from specjax.core.loop import gather_tokens
 from specjax.core.sampling import SamplingConfig
 from specjax.drafters.base import DraftContext, Proposal, TreeProposal
@@ -39,25 +41,32 @@ from specjax.models.dspark_net import dspark_outputs, markov_state
 
 
 def markov_chain(
-    config: ModelConfig, params: dict, target_params, hidden, anchor, key, sampling: SamplingConfig
+    config: ModelConfig, params: dict, target_params, hidden, anchor, key, sampling: SamplingConfig, grammar=None
 ) -> Proposal:
     """K drafts from the block's states hidden [B, K, D], each drawn after the one before it
-    (anchor [B]: the token before output 0, which takes no Markov term).
+    (anchor [B]: the token before output 0, which takes no Markov term); with a grammar (the
+    round's GrammarState) each from its logits masked at the state after the drafts before it.
 
     Returns Proposal(tokens [B, K] int32, q [B, K, V] float32 or None when greedy,
     confidence [B, K] float32): q[:, i] and confidence[:, i] are those of output i given
     the d_{i-1} drawn."""
     k = hidden.shape[1]
 
-    def step(previous, xs):
+    def step(carry, xs):
+        previous, states = carry  # [B], [B] (or None)
         h, step_key, use = xs  # [B, D], a key, bool
         z = markov_state(params, target_params, h, previous, use)  # [B, D]
         logits, confidence = dspark_outputs(config, params, target_params, z)  # [B, V], [B]
+        if grammar is not None:
+            logits = mask_logits(logits, grammar.next_state, states)
         token, q = draw(step_key, logits, sampling)
-        return token, (token, q, confidence)
+        if grammar is not None:
+            states = grammar_step(grammar.next_state, states, token)
+        return (token, states), (token, q, confidence)
 
     xs = (jnp.swapaxes(hidden, 0, 1), jax.random.split(key, k), jnp.arange(k) >= 1)
-    _, (tokens, q, confidence) = jax.lax.scan(step, anchor.astype(jnp.int32), xs)
+    start = (anchor.astype(jnp.int32), None if grammar is None else grammar.states)
+    _, (tokens, q, confidence) = jax.lax.scan(step, start, xs)
     return Proposal(
         tokens=tokens.T,  # [B, K]
         q=None if q is None else jnp.swapaxes(q, 0, 1),  # [B, K, V]
@@ -98,7 +107,8 @@ class DSpark(BlockHead):
     def propose(self, weights, state, ctx: DraftContext, key) -> tuple[Proposal, BlockHeadState]:
         hidden, state = self.block_states(weights, state, ctx, ctx.num_speculative_tokens)  # [B, K, D]
         anchor = self._anchor(ctx)
-        return markov_chain(self.config, weights, ctx.target_params, hidden, anchor, key, ctx.sampling), state
+        proposal = markov_chain(self.config, weights, ctx.target_params, hidden, anchor, key, ctx.sampling, ctx.grammar)
+        return proposal, state
 
     def propose_tree(self, weights, state, ctx: DraftContext, key) -> tuple[TreeProposal, BlockHeadState]:
         tree = ctx.tree
@@ -115,5 +125,5 @@ class DSpark(BlockHead):
 
         root = scores(0, self._anchor(ctx)[:, None], False)  # [B, 1, V]
         sampled = samples_candidates(ctx.sampling, self.tree_candidates)
-        proposal, _ = expand_tree(tree, root, key, sampled, grow)
+        proposal, _ = expand_tree(tree, root, key, sampled, grow, grammar=ctx.grammar)
         return proposal, state

@@ -168,7 +168,7 @@ class Eagle(HoldsWeights):
 
         root = candidate_scores(root_logits[:, None], sampling)  # [B, 1, V]
         sampled = samples_candidates(sampling, self.tree_candidates)
-        proposal, (cache, _) = expand_tree(tree, root, key, sampled, grow, (cache, predicted))
+        proposal, (cache, _) = expand_tree(tree, root, key, sampled, grow, (cache, predicted), ctx.grammar)
         return proposal, state.replace(cache=cache)
 
     def update_tree(self, weights, state: EagleState, ctx: DraftContext, src, dst, num_accepted):

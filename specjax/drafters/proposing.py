@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.core.grammar import mask_logits
+from specjax.core.grammar import allowed, mask_logits
 from specjax.core.grammar import step as grammar_step
 from specjax.core.sampling import SamplingConfig, probabilities, sample
 from specjax.drafters.base import Proposal, TreeProposal
@@ -94,19 +94,31 @@ def draft_chain(
     return Proposal(tokens=drafts, q=q), carry
 
 
-def block_proposal(logits: jax.Array, key: jax.Array, sampling: SamplingConfig) -> Proposal:
+def block_proposal(logits: jax.Array, key: jax.Array, sampling: SamplingConfig, grammar=None) -> Proposal:
     """K proposals from K distributions of one pass, logits [B, K, V]: proposal i is drawn
-    from output i alone, so q[:, i] is exactly its distribution."""
+    from output i alone, so q[:, i] is exactly its distribution. With a grammar (the round's
+    GrammarState), output i is masked at the state after proposals 0..i-1 first, and q[:, i]
+    is that masked distribution."""
+    if grammar is not None:
+        states, tokens, qs = grammar.states, [], []
+        for i, step_key in enumerate(jax.random.split(key, logits.shape[1])):  # K: small and static
+            token, q = draw(step_key, mask_logits(logits[:, i], grammar.next_state, states), sampling)
+            states = grammar_step(grammar.next_state, states, token)
+            tokens.append(token)
+            qs.append(q)
+        return Proposal(tokens=jnp.stack(tokens, axis=1), q=None if sampling.greedy else jnp.stack(qs, axis=1))
     if sampling.greedy:
         return Proposal(tokens=jnp.argmax(logits, axis=-1).astype(jnp.int32), q=None)
     q = probabilities(logits, sampling)  # [B, K, V]
     return Proposal(tokens=sample(key, q), q=q)
 
 
-def block_tree(logits: jax.Array, tree, key: jax.Array, sampling: SamplingConfig, tree_candidates: str) -> TreeProposal:
+def block_tree(
+    logits: jax.Array, tree, key: jax.Array, sampling: SamplingConfig, tree_candidates: str, grammar=None
+) -> TreeProposal:
     """The Cartesian tree of one pass's distributions, logits [B, depth, V] (`cartesian_tree`)."""
     scores = candidate_scores(logits, sampling)
-    return cartesian_tree(tree, scores, key, samples_candidates(sampling, tree_candidates))
+    return cartesian_tree(tree, scores, key, samples_candidates(sampling, tree_candidates), grammar)
 
 
 # The next level's scores: (depth, parents [F], tokens [B, N + 1] so far, carry) ->
@@ -114,12 +126,19 @@ def block_tree(logits: jax.Array, tree, key: jax.Array, sampling: SamplingConfig
 Grow = Callable[[int, np.ndarray, jax.Array, Any], tuple[jax.Array, Any]]
 
 
-def expand_tree(tree, scores: jax.Array, key: jax.Array, sampled: bool, grow: Grow | None = None, carry: Any = None):
+def expand_tree(
+    tree, scores: jax.Array, key: jax.Array, sampled: bool, grow: Grow | None = None, carry: Any = None, grammar=None
+):
     """Expand `tree` level by level. scores [B, 1, V]: the root's (`candidate_scores`);
     after choosing the tokens of depth d, `grow` gives the scores of that level's nodes that
     have children (a drafter's forward over them, `tree_feed`). The rank-r child of a node
     is its r-th top-ranked token, or with `sampled` its own r-th i.i.d. draw from its
     distribution (recorded in q at the node).
+
+    grammar: the round's GrammarState (DraftContext.grammar) or None. With one, a node's
+    children come from its scores masked at the grammar state after the path to it (node
+    states tracked level by level, as the verify's `states_in_tree`), so the tree proposes
+    only what the constraint allows; a sampled node's q is that masked distribution.
 
     Returns (TreeProposal(tokens [B, N], q [B, N + 1, V] or None), carry).
     """
@@ -127,11 +146,17 @@ def expand_tree(tree, scores: jax.Array, key: jax.Array, sampled: bool, grow: Gr
     tokens = jnp.zeros((b, tree.num_nodes + 1), jnp.int32)  # node 0 (the root) unused
     q_all = jnp.zeros((b, tree.num_nodes + 1, vocab), jnp.float32) if sampled else None
     parents = np.array([0])  # [P]: the nodes `scores` belong to
+    # [B, N + 1]: the grammar state after the path to each node (the root: the row's state)
+    node_states = None
+    if grammar is not None:
+        node_states = jnp.zeros((b, tree.num_nodes + 1), jnp.int32).at[:, 0].set(grammar.states)
     keys = jax.random.split(key, tree.depth)
     for depth in range(1, tree.depth + 1):
         nodes = tree.level(depth)  # [M]
         local = np.searchsorted(parents, tree.parents[nodes])  # each node's parent within `parents`
         ranks = tree.ranks[nodes]
+        if grammar is not None:
+            scores = _constrained_scores(scores, grammar.next_state, node_states[:, parents], sampled)  # [B, P, V]
         if sampled:
             q_all = q_all.at[:, parents].set(scores)
             shape = (int(ranks.max()) + 1, b, parents.size)
@@ -141,11 +166,30 @@ def expand_tree(tree, scores: jax.Array, key: jax.Array, sampled: bool, grow: Gr
             rows = np.minimum(local, scores.shape[1] - 1)  # one row of scores: every parent's
             chosen = jax.lax.top_k(scores, int(ranks.max()) + 1)[1][:, rows, ranks]  # [B, M]
         tokens = tokens.at[:, nodes].set(chosen.astype(jnp.int32))
+        if grammar is not None:
+            after = grammar_step(grammar.next_state, node_states[:, tree.parents[nodes]], chosen)  # [B, M]
+            node_states = node_states.at[:, nodes].set(after)
         parents = tree.internal(depth)
         if depth == tree.depth or parents.size == 0:
             break
         scores, carry = grow(depth, parents, tokens, carry)
     return TreeProposal(tokens=tokens[:, 1:], q=q_all), carry
+
+
+def _constrained_scores(scores: jax.Array, next_state: jax.Array, states: jax.Array, sampled: bool) -> jax.Array:
+    """scores [B, 1 or P, V] of the parents at grammar states [B, P] -> [B, P, V] allowing only
+    what each parent's state allows: ranked scores (logits, or "top" candidates'
+    probabilities) get -inf where forbidden; a sampled node's probabilities are renormalised
+    over the allowed tokens (uniform over them where the draft gave them no mass, e.g. all
+    filtered out by top-k), the distribution its children are then really drawn from."""
+    ok = allowed(next_state, states)  # [B, P, V]
+    scores = jnp.broadcast_to(scores, ok.shape)
+    if not sampled:
+        return jnp.where(ok, scores, -jnp.inf)
+    kept = jnp.where(ok, scores, 0.0)
+    total = jnp.sum(kept, axis=-1, keepdims=True)
+    uniform = ok / jnp.sum(ok, axis=-1, keepdims=True)
+    return jnp.where(total > 0, kept / jnp.where(total > 0, total, 1.0), uniform)
 
 
 def tree_feed(tree, start: jax.Array, depth: int, parents: np.ndarray) -> tuple[jax.Array, TreeMask]:
@@ -157,17 +201,18 @@ def tree_feed(tree, start: jax.Array, depth: int, parents: np.ndarray) -> tuple[
     return positions, TreeMask(start=start, slots=slots, visible=jnp.asarray(tree.ancestors)[parents])
 
 
-def cartesian_tree(tree, scores: jax.Array, key: jax.Array, sampled: bool) -> TreeProposal:
+def cartesian_tree(tree, scores: jax.Array, key: jax.Array, sampled: bool, grammar=None) -> TreeProposal:
     """A Cartesian-product tree from one distribution per depth, whatever the parent.
 
     scores [B, D, V]: depth d's logits (greedy) or processed probabilities, d = 1..D, for
     drafters whose depth-d guess does not read the tokens above it (Medusa heads, parallel
     drafting, a block head). A node's rank-r child is the r-th top-ranked token of its
     depth, or with `sampled` its own r-th i.i.d. draw from that depth's distribution
-    (recorded in q at the parent). Returns TreeProposal(tokens [B, N], q [B, N + 1, V] or None).
+    (recorded in q at the parent); with a grammar, masked per node (`expand_tree`).
+    Returns TreeProposal(tokens [B, N], q [B, N + 1, V] or None).
     """
 
     def next_depth(depth, parents, tokens, carry):
         return scores[:, depth : depth + 1], carry  # [B, 1, V]: the same for every parent
 
-    return expand_tree(tree, scores[:, :1], key, sampled, next_depth)[0]
+    return expand_tree(tree, scores[:, :1], key, sampled, next_depth, grammar=grammar)[0]
