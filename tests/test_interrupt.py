@@ -119,7 +119,12 @@ def test_sigint_stops_a_long_generation_promptly(via):
         else:
             pytest.fail(f"the run ended before decoding: {proc.wait()}")
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)  # only catches "did not stop": a chunk is ~0.2 s
+        try:
+            out, err = proc.communicate(timeout=60)  # only catches "did not stop": a chunk is ~0.2 s
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"still running 60 s after SIGINT; stderr:\n{err[-3000:]}\nstdout:\n{out[-1000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
