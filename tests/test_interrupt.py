@@ -111,7 +111,11 @@ def test_sigint_stops_a_long_generation_promptly(via):
         command = [sys.executable, "-c", _CLI, *args, *[a for i in range(_ROWS) for a in ("--prompt", f"def f{i}(")]]
     else:
         command = [sys.executable, "-c", _API]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A user's Ctrl-C meets SIGINT's default disposition; the child gets that whatever the
+    # test worker's own is (an ignored SIGINT is inherited across exec, and Python then
+    # installs no KeyboardInterrupt handler).
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     try:
         for line in proc.stderr:  # compiling first: no deadline on that
             if line.strip() == "decoding":
