@@ -117,6 +117,25 @@ def head_config(
     return config.replace(**overrides) if overrides else config
 
 
+def layer_head_config(target: ModelConfig, layer: ModelConfig) -> ModelConfig:
+    """head_config for a published head whose file gives its own layer (`layer`, read from its
+    config.json): the target's positions, vocabulary and LM head with the layer's attention
+    shape, rotary embedding, eps and biases."""
+    return head_config(
+        target,
+        layer.num_attention_heads,
+        layer.num_key_value_heads,
+        layer.intermediate_size,
+        head_dim=layer.resolved_head_dim,
+        rope_theta=layer.rope_theta,
+        rope_scaling=layer.rope_scaling,
+        rms_norm_eps=layer.rms_norm_eps,
+        attention_bias=layer.attention_bias,
+        o_proj_bias=layer.o_proj_bias,
+        mlp_bias=layer.mlp_bias,
+    )
+
+
 def init_eagle_params(
     config: ModelConfig,
     target_params: dict | None = None,

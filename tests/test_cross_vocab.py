@@ -268,20 +268,29 @@ def test_uag_retokenizes_text_and_specs(shared_pair):
         specjax.load_drafter({"method": "uag", "model": "d"}, target.config, load=lambda n: draft)
 
 
-def test_both_methods_run_in_the_bench(shared_pair, tmp_path):
-    """`specjax bench` takes a cross-tokenizer drafter as its draft (from a spec, `draft:
-    {method: tli | uag, model: ...}`, or as an object, here): E3's greedy rows equal plain."""
-    from specjax.bench import BenchConfig, run_bench
+def test_both_methods_run_in_the_bench(shared_pair, tmp_path, monkeypatch):
+    """`specjax bench` takes a cross-tokenizer drafter as its draft from a spec (`draft:
+    {method: tli | uag, model: ...}`, whose model the bench loads by name) or as an object: E3's
+    greedy rows equal plain."""
+    from specjax.bench import BenchConfig, context, run_bench
     from specjax.configs import from_dict
 
     target, draft = shared_pair
-    config = from_dict(BenchConfig, {
+    monkeypatch.setattr(context, "load_model", lambda name, *_: draft if name == "the-draft" else target)
+    config = {
         "experiments": ["k_sweep"], "prompts": {"count": 2, "prompt_bytes": 16}, "max_new_tokens": 12,
         "timing": {"repeats": 1, "cost_inner": 1}, "bandwidth_megabytes": 8, "clear_caches": False,
         "k_sweep": {"ks": [3]},
-    })  # fmt: skip
-    for drafter in (CrossVocab.between(draft, target), Universal.between(draft, target, draft_length=4)):
-        results = run_bench(config, tmp_path / drafter.name, target, drafter, progress=False)
+    }  # fmt: skip
+    runs = [
+        ("tli", {"method": "tli", "model": "the-draft"}, None),
+        ("uag", {"method": "uag", "model": "the-draft", "draft_length": 4}, None),
+        ("object", {}, CrossVocab.between(draft, target)),
+    ]
+    for name, spec, drafter in runs:
+        bench = from_dict(BenchConfig, {**config, "draft": spec} if spec else config)
+        results = run_bench(bench, tmp_path / name, target, drafter, progress=False)
         rows = [r for r in results["experiments"]["k_sweep"]["rows"] if r["method"] == "speculative"]
         assert rows and all(r["output_matches_plain"] for r in rows)
-        assert results["models"]["draft"]["drafter"].startswith(type(drafter).__name__)
+        kind = "Universal" if name == "uag" else "CrossVocab"
+        assert results["models"]["draft"]["drafter"].startswith(kind)

@@ -114,6 +114,7 @@ def test_e12_reports_categories_at_batch_1_and_the_best_k_per_bucket_and_batch(b
     for name in ("e12_protocol.png", "e12_protocol.csv", "e12_protocol.md", "summary.md"):
         assert (out / name).stat().st_size > 0
     assert "## throughput" in (out / "e12_protocol.md").read_text()
+    assert "### throughput\n\n" + result["tables"]["throughput"] in (out / "summary.md").read_text()
 
 
 def test_e12_bad_settings_name_the_problem(tmp_path):

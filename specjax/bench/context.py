@@ -114,7 +114,10 @@ class BenchContext:
         return self._models[spec]
 
     def build_drafter(self, spec: SpeculativeConfig) -> Drafter:
-        return make_drafter(spec, self.load, self.target.config)
+        # The target Model, not its config: a cross-tokenizer drafter (tli, uag) builds its tables
+        # from the target's tokenizer, and a head is then checked against the target's weights
+        # too (an int8 or bfloat16 target keeps its float32 source's fingerprint).
+        return make_drafter(spec, self.load, self.target)
 
     def _methods(self) -> dict[str, Drafter]:
         """E8's drafters by label (a method without a spec uses the bench's `draft`)."""

@@ -248,6 +248,8 @@ def summary_markdown(results: dict) -> str:
                 "",
                 _table(experiment["predictions"], columns),
             ]
+        for title, table in experiment.get("tables", {}).items():  # an experiment's own layout (E12: the paper's)
+            lines += ["", f"### {title}", "", table]
         lines += ["", f"![{name}]({experiment['plot']})"]
     return "\n".join(lines) + "\n"
 

@@ -219,7 +219,7 @@ def add_store_features(subparsers):
     _add_run_arguments(
         p,
         "YAML of an EAGLE-3 or block-head HeadTrainConfig (configs/eagle3_published_head.yaml, "
-        "configs/smollm2_block_head_store.yaml): the run the store is for (target, data, seed, steps, layers, "
+        "configs/smollm2_block_v2.yaml): the run the store is for (target, data, seed, steps, layers, "
         "draft vocabulary or features.top_k, features.dtype)",
         "the store's directory (rerun with the same one to resume)",
     )

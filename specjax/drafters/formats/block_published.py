@@ -16,8 +16,9 @@ The network every engine runs (z-lab dflash/model.py, vLLM qwen3_dflash.py, SGLa
 models/dflash.py, speculators models/dflash/) is specjax's BlockHead exactly when the head's
 layers are Qwen3 layers (config.model_type "qwen3": the per-head q/k RMSNorm, also on the
 context keys), without sliding windows, reading no target block past L - 2. A head trained by
-`specjax train-head` has Llama layers (models/heads.head_config), so it is refused with what
-differs, as are DSpark and DFlash 2, whose published networks are others (the doc above).
+`specjax train-head` with `block.layer_type: qwen3` exports; one with Llama layers (the default)
+is refused with what differs, as are DSpark and DFlash 2, whose published networks are others
+(the doc above).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from specjax.io.hf_config import _ARCHITECTURE_OF, config_from_hf
 from specjax.io.hf_weights import _attention_from_hf, _attention_to_hf, _mlp_from_hf, _mlp_to_hf
 from specjax.io.model import Model
 from specjax.models import ModelConfig
-from specjax.models.heads import head_config
+from specjax.models.heads import layer_head_config
 
 # speculators_model_type values read here (the other block drafters are refused with why).
 SPECULATORS_BLOCK_TYPES = ("dflash", "dspark", "dflash2")
@@ -314,18 +315,7 @@ def _head_config(layer: dict, target: ModelConfig, what: str) -> ModelConfig:
     for field in ("hidden_size", "vocab_size"):
         if getattr(mine, field) != getattr(target, field):
             raise ValueError(f"{what} has {field}={getattr(mine, field)}, the target {getattr(target, field)}")
-    head = head_config(
-        target,
-        mine.num_attention_heads,
-        mine.num_key_value_heads,
-        mine.intermediate_size,
-        head_dim=mine.resolved_head_dim,
-        rope_theta=mine.rope_theta,
-        rope_scaling=mine.rope_scaling,
-        rms_norm_eps=mine.rms_norm_eps,
-        attention_bias=mine.attention_bias,
-        o_proj_bias=mine.o_proj_bias,
-    )
+    head = layer_head_config(target, mine)
     return head.replace(num_hidden_layers=mine.num_hidden_layers, model_type="qwen3")
 
 

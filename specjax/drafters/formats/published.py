@@ -49,7 +49,7 @@ from specjax.io.hf_config import config_from_hf
 from specjax.io.hf_weights import _attention_from_hf, _mlp_from_hf
 from specjax.io.model import Model
 from specjax.models import ModelConfig
-from specjax.models.heads import HeadOptions, head_config
+from specjax.models.heads import HeadOptions, layer_head_config
 
 AUX_CONVENTIONS = ("vllm", "sglang")
 _MEDUSA_KEY = re.compile(r"(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)")
@@ -178,29 +178,11 @@ def _layer_config(hf: dict, target: ModelConfig, what: str) -> ModelConfig:
     return layer
 
 
-def _drafter_config(layer: ModelConfig, target: ModelConfig) -> ModelConfig:
-    """The drafter's one-layer config: the target's (positions, vocabulary, LM head), with the
-    head's own attention shape, rotary embedding, eps and biases."""
-    return head_config(
-        target,
-        layer.num_attention_heads,
-        layer.num_key_value_heads,
-        layer.intermediate_size,
-        head_dim=layer.resolved_head_dim,
-        rope_theta=layer.rope_theta,
-        rope_scaling=layer.rope_scaling,
-        rms_norm_eps=layer.rms_norm_eps,
-        attention_bias=layer.attention_bias,
-        o_proj_bias=layer.o_proj_bias,
-        mlp_bias=layer.mlp_bias,
-    )
-
-
 def _eagle(config: dict, t: HeadTensors, target: ModelConfig) -> Eagle:
     """EAGLE-1/2: fc over [embed; f] (+ a bias), one layer without its input norm, no final
     norm, the target's LM head; position 0 hidden (the reference never feeds it)."""
     fc_name, prefix = config.get("_prefix", ("fc", "layers.0"))
-    head = _drafter_config(_layer_config(config, target, f"{t.source.parent}/config.json"), target)
+    head = layer_head_config(target, _layer_config(config, target, f"{t.source.parent}/config.json"))
     d = head.hidden_size
     bias = bool(config.get("bias", True))  # EAGLE's own config: absent means a bias
     if bias != t.has(f"{fc_name}.bias"):
@@ -261,7 +243,7 @@ def _eagle3(config: dict, t: HeadTensors, target: ModelConfig, layers: tuple[int
             f"{what}: target_hidden_size {config['target_hidden_size']} != hidden_size {config.get('hidden_size')} "
             "(a head narrower than its target, with its own embedding) is not supported"
         )
-    head = _drafter_config(_layer_config(config, target, what), target)
+    head = layer_head_config(target, _layer_config(config, target, what))
     prefix = config.get("_prefix", ("fc", "midlayer"))[1]
     params, vocab = eagle3_params(
         t, head, prefix, len(layers), int(config.get("draft_vocab_size") or target.vocab_size)
