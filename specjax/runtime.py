@@ -25,12 +25,13 @@ from jax import monitoring
 
 MAP_HEADROOM = 0.25  # clear when fewer than this share of vm.max_map_count is left; 0 disables
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
-_guard = {"compiles": 0, "checked": -1, "clears": 0, "installed": False}
+_guard = {"compiles": 0, "compile_seconds": 0.0, "checked": -1, "clears": 0, "installed": False}
 
 
 def _count_compile(event: str, duration: float, **kwargs) -> None:
     if event == _BACKEND_COMPILE:
         _guard["compiles"] += 1
+        _guard["compile_seconds"] += duration
 
 
 def install() -> None:
@@ -38,6 +39,19 @@ def install() -> None:
     if not _guard["installed"]:
         monitoring.register_event_duration_secs_listener(_count_compile)
         _guard["installed"] = True
+
+
+def compiled_programs() -> int:
+    """XLA backend compilations in this process since `install` (cache hits do not count)."""
+    install()
+    return _guard["compiles"]
+
+
+def compile_seconds() -> float:
+    """Seconds those compilations took: how much of a slow sweep went to XLA rather than to
+    what it measured (an int8 SmolLM2 compiles about twice as long as float32)."""
+    install()
+    return _guard["compile_seconds"]
 
 
 def memory_mappings() -> tuple[int, int] | None:

@@ -15,7 +15,7 @@ from specjax.models import init_cache
 
 import specjax
 from specjax.bench import EXPERIMENTS, BenchConfig, plots, run_bench
-from specjax.bench.compiles import compiled_programs
+from specjax.bench.compiles import compile_seconds, compiled_programs
 from specjax.bench.cost_model import (
     batch_tokens_per_round,
     expected_tokens_per_round,
@@ -169,6 +169,9 @@ def test_bench_writes_results_plots_and_tables(bench):
     counts = {name: e["compiled_programs"] for name, e in results["experiments"].items()}
     assert all(counts[name] > 0 for name in ("verify_cost", "k_sweep", "context_sweep"))
     assert results["compiled_programs"] == sum(counts.values())
+    # ... and the seconds they took, within the experiment's own.
+    for e in results["experiments"].values():
+        assert (e["compile_seconds"] > 0) == (e["compiled_programs"] > 0) and e["compile_seconds"] < e["seconds"]
 
 
 def test_bench_records_the_machine_load_and_each_figures_setting(bench):
@@ -266,12 +269,14 @@ def test_optimum_markers_sit_on_the_measured_and_predicted_best(monkeypatch):
 
 
 def test_compiled_programs_counts_compiles_not_cache_hits():
-    before = compiled_programs()
+    before, seconds = compiled_programs(), compile_seconds()
     double = jax.jit(lambda x: 2 * x + 1)
     double(np.ones(3, np.float32))
     assert compiled_programs() == before + 1
+    compiled = compile_seconds()
+    assert compiled > seconds
     double(np.zeros(3, np.float32))  # same shape: a cache hit
-    assert compiled_programs() == before + 1
+    assert compiled_programs() == before + 1 and compile_seconds() == compiled
 
 
 def test_forward_timings_compile_nothing_while_timed(monkeypatch):

@@ -168,7 +168,8 @@ def acceptance(workload: Workload, k: int, temperature: float, drafter: str = DR
 
     One batch per category holds all its prompts; the pooled stats merge the counters."""
     spec = RunSpec("speculative", 1, k, temperature, drafter)
-    stats = {c: workload.prepare(spec, workload.prompts_of(c)).run().stats for c in workload.category_names}
+    calls = {c: workload.prepare(spec, workload.prompts_of(c)) for c in workload.category_names}
+    stats = {c: call.collect(call.launch()).stats for c, call in calls.items()}  # one program each
     return {**{c: merge_stats([s]) for c, s in stats.items()}, POOLED: merge_stats(list(stats.values()))}
 
 
@@ -227,11 +228,11 @@ def measure(workload: Workload, specs: list[RunSpec], repeats: int, warmup: int,
     for calls in prepared.values():
         for call in calls:
             for _ in range(warmup):
-                # The timed `launch` runs one program (prefill and every round) and `run` two
-                # others (prefill, chunks of rounds): warm both, or the first timed launch of
-                # each shape compiles (int8 SmolLM2's took seconds: results/smollm2_e8_int8).
-                # n = 1 runs the same launch program.
-                call.run()
+                # The timed `launch` runs one program (prefill and every round; n = 1 runs the
+                # same program), and the outputs below are collected from it too: `run` would
+                # compile two more programs per shape (prefill, chunks of rounds), which
+                # doubled a sweep's compile time (int8 SmolLM2 compiles ~2x longer than float32
+                # on the EPYC machine: E3 spent 414 of 698 s compiling).
                 jax.block_until_ready(call.launch())
     latency = {s: [] for s in specs}
     first = {s: [] for s in specs}
@@ -245,7 +246,7 @@ def measure(workload: Workload, specs: list[RunSpec], repeats: int, warmup: int,
     categories = [POOLED, *names] if len(names) > 1 else [POOLED]
     rows, tokens = {}, {}
     for spec, calls in prepared.items():
-        outputs = [call.run() for call in calls]
+        outputs = [call.collect(call.launch()) for call in calls]
         seconds, first_seconds = np.asarray(latency[spec]), np.asarray(first[spec])
         for category in categories:
             picked = [i for i, (c, _) in enumerate(requests[spec]) if category in (c, POOLED)]

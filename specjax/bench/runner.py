@@ -14,7 +14,7 @@ import jax
 from tqdm.auto import tqdm
 
 from specjax.bench.bench_config import BenchConfig
-from specjax.bench.compiles import compiled_programs
+from specjax.bench.compiles import compile_seconds, compiled_programs
 from specjax.bench.context import BenchContext
 from specjax.bench.report import DEFINITIONS, SCHEMA_VERSION, write_results
 from specjax.bench.timing import environment, load_average, machine_load
@@ -59,12 +59,14 @@ def run_bench(
     for registered in tqdm(config.chosen, desc="experiments", disable=not progress):  # in id order
         name, experiment_id = registered.name, registered.id
         start, compiled_start, load_start = time.perf_counter(), compiled_programs(), load_average()
+        compile_start = compile_seconds()
         experiment = registered.run(ctx)
         stem = f"{experiment_id.lower()}_{name}"
         experiment.update(id=experiment_id, plot=f"{stem}.png", csv=f"{stem}.csv", setting=registered.setting(ctx))
         registered.plot(experiment, out_dir / experiment["plot"], f"{experiment_id}: {name.replace('_', ' ')}")
         experiment["seconds"] = time.perf_counter() - start
         experiment["compiled_programs"] = compiled_programs() - compiled_start
+        experiment["compile_seconds"] = compile_seconds() - compile_start
         experiment["load_average"] = {"start": load_start, "end": load_average()}
         results["load_average"]["end"] = experiment["load_average"]["end"]
         results["compiled_programs"] = compiled_programs() - compiled_before

@@ -273,7 +273,8 @@ def _bench(args) -> int:
     results = run_bench(config, args.out, progress=_quiet(args), command=command)
     for name, experiment in results["experiments"].items():
         summary = summary_line(experiment)
-        compiled = experiment["compiled_programs"]
-        print(f"{experiment['id']} {name} ({experiment['seconds']:.0f} s, {compiled} programs compiled): {summary}")
+        compiled, compiling = experiment["compiled_programs"], experiment.get("compile_seconds", 0.0)
+        where = f"{experiment['seconds']:.0f} s, {compiled} programs compiled in {compiling:.0f} s"
+        print(f"{experiment['id']} {name} ({where}): {summary}")
     print(f"wrote {args.out}/results.json, results.csv, summary.md and one PNG + CSV per experiment")
     return 0
