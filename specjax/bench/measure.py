@@ -30,6 +30,7 @@ from specjax.core.loop import CacheConfig
 from specjax.drafters import Drafter
 from specjax.engine.output import GenerationStats, PreparedGeneration, acceptance_metrics
 from specjax.io.model import Model
+from specjax.runtime import compiled_programs
 
 POOLED = "all"  # the category of rows pooled over every prompt
 DRAFT = "draft"  # the label of the bench's own `draft` among a workload's drafters
@@ -219,34 +220,53 @@ def _row(spec: RunSpec, latency, first, outputs, tpot_target_ms, max_new_tokens)
     return row
 
 
+def timed_warm(fn) -> float:
+    """Seconds of fn(), timed again when the first try compiled: a workload with more programs
+    than the process keeps alive (E12's dozen drafters x prompt shapes) has JAX's caches
+    cleared under it (runtime.bound_live_programs), and the next launch of a program it had
+    warmed then compiles inside the timed call. A sample never holds a compile."""
+    before = compiled_programs()
+    seconds = timed(fn)
+    return seconds if compiled_programs() == before else timed(fn)
+
+
 def measure(workload: Workload, specs: list[RunSpec], repeats: int, warmup: int, tpot_target_ms: float, progress=None):
     """Rows of metrics for every spec (plus the plain baseline of each), timed round-robin:
     per spec, the pooled row, then one row per category when there are several."""
     specs = list(dict.fromkeys([*(s.plain for s in specs), *specs]))  # baselines first, no duplicates
     requests = {s: workload.requests(s.batch_size) for s in specs}
     prepared = {s: [workload.prepare(s, rows) for _, rows in requests[s]] for s in specs}
-    for calls in prepared.values():
+    # The outputs are collected from the warm-up launch, while its program is live: the timed
+    # `launch` runs one program (prefill and every round; n = 1 runs the same program), and
+    # collecting with `run` instead compiled two more per shape (prefill, chunks of rounds),
+    # which doubled a sweep's compile time (int8 SmolLM2 compiles ~2x longer than float32 on
+    # the EPYC machine: E3 spent 414 of 698 s compiling); collecting after the timing loop
+    # recompiled every program a many-drafter workload had evicted (timed_warm). A launch is
+    # deterministic (its seed is in the call), so every launch gives these outputs.
+    collected: dict[RunSpec, list] = {s: [] for s in specs}
+    for spec, calls in prepared.items():
         for call in calls:
+            state = None
             for _ in range(warmup):
-                # The timed `launch` runs one program (prefill and every round; n = 1 runs the
-                # same program), and the outputs below are collected from it too: `run` would
-                # compile two more programs per shape (prefill, chunks of rounds), which
-                # doubled a sweep's compile time (int8 SmolLM2 compiles ~2x longer than float32
-                # on the EPYC machine: E3 spent 414 of 698 s compiling).
-                jax.block_until_ready(call.launch())
+                state = jax.block_until_ready(call.launch())
+            collected[spec].append(None if state is None else call.collect(state))
+            del state
     latency = {s: [] for s in specs}
     first = {s: [] for s in specs}
     for _ in range(repeats):
         for spec, calls in prepared.items():
-            latency[spec].append([timed(call.launch) for call in calls])
-            first[spec].append([timed(lambda call=call: call.launch(1)) for call in calls])
+            latency[spec].append([timed_warm(call.launch) for call in calls])
+            first[spec].append([timed_warm(lambda call=call: call.launch(1)) for call in calls])
             if progress is not None:
                 progress.update(1)
     names = workload.category_names
     categories = [POOLED, *names] if len(names) > 1 else [POOLED]
     rows, tokens = {}, {}
     for spec, calls in prepared.items():
-        outputs = [call.collect(call.launch()) for call in calls]
+        outputs = [
+            call.collect(call.launch()) if out is None else out
+            for out, call in zip(collected[spec], calls, strict=True)
+        ]
         seconds, first_seconds = np.asarray(latency[spec]), np.asarray(first[spec])
         for category in categories:
             picked = [i for i, (c, _) in enumerate(requests[spec]) if category in (c, POOLED)]
