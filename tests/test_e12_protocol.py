@@ -88,6 +88,11 @@ def bench(tmp_path_factory):
             "buckets": ["b32"],
             "batch_sizes": [2],  # batch 1 is the qualitative split's already
             "ks": [1, 2],
+            # Two drafters timed one group each (each beside its own plain); lookup is untimed
+            # in the throughput split, so that split's programs stay the draft's.
+            "drafters": [{"name": "draft"}, {"name": "lookup", "draft": {"method": "prompt_lookup"}}],
+            "drafters_per_group": 1,
+            "throughput_drafters": ["draft"],
         },
     }
     out = tmp_path_factory.mktemp("bench_protocol")
@@ -104,6 +109,13 @@ def test_e12_reports_categories_at_batch_1_and_the_best_k_per_bucket_and_batch(b
     qual = [r for r in result["rows"] if r["split"] == "qualitative" and r["method"] == "speculative"]
     assert {r["category"] for r in qual} == {"all", "math", "writing"} and all(r["batch_size"] == 1 for r in qual)
     assert all(r["output_matches_plain"] for r in result["rows"] if r["method"] == "speculative")
+    groups = {}
+    for r in result["rows"]:
+        if r["split"] == "qualitative":
+            groups.setdefault(r["timing_group"], set()).add(
+                r.get("drafter") if r["method"] == "speculative" else "plain"
+            )
+    assert groups == {0: {"plain", "draft"}, 1: {"plain", "lookup"}}
     best = result["best_k"]
     assert [(b["bucket"], b["batch_size"]) for b in best] == [("b32", 2)]
     for b in best:
@@ -120,5 +132,7 @@ def test_e12_reports_categories_at_batch_1_and_the_best_k_per_bucket_and_batch(b
 def test_e12_bad_settings_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match=r"protocol\.per_bucket must be >= 1"):
         from_dict(BenchConfig, {"protocol": {"per_bucket": 0}})
+    with pytest.raises(ValueError, match=r"protocol\.drafters_per_group must be at least 1"):
+        from_dict(BenchConfig, {"protocol": {"drafters_per_group": 0}})
     with pytest.raises(ValueError, match="nothing to run"):
         from_dict(BenchConfig, {"protocol": {"qualitative": False, "buckets": []}})
