@@ -59,7 +59,7 @@ class Protocol:
     categories: list[str] = dataclasses.field(default_factory=list)
     per_category: int | None = None
     multi_turn: bool = True  # replay later turns after the target's own answers (False: first turns only)
-    drafters_per_group: int = 4  # drafters per timed round-robin (each group beside its own plain)
+    drafters_per_group: int = 2  # drafters per timed round-robin (each group beside its own plain)
     temperatures: list[float] = dataclasses.field(default_factory=lambda: [0.0, 1.0])
     num_speculative_tokens: int = 4
     # Throughput split: buckets (file stems after "throughput_"), batch sizes and the K swept.
