@@ -27,6 +27,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import jax
 import matplotlib.pyplot as plt
 
 from specjax.api import generate
@@ -191,6 +192,9 @@ def _qualitative(ctx: BenchContext, drafters: dict) -> tuple[list[dict], dict]:
         specs = [RunSpec("speculative", 1, cfg.num_speculative_tokens, t, n) for t in cfg.temperatures for n in chosen]
         label = f"E12 qualitative ({start + 1}-{start + len(chosen)} of {len(names)} drafters)"
         rows += [{**row, "timing_group": group} for row in ctx.measure(specs, label, workload)]
+        if ctx.config.clear_caches:
+            # The next group starts with no programs alive: none is evicted under its timing.
+            jax.clear_caches()
     for row in rows:
         row["split"] = "qualitative"
     counts = {c: categories.count(c) for c in dict.fromkeys(categories)}
