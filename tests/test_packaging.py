@@ -77,7 +77,7 @@ def test_the_companion_ships_exactly_the_folders_the_main_wheel_leaves_out():
     """COMPANIONS, the main wheel's exclude-package-data and the companion's build name the same
     folders, and the companion's entry point is the group specjax reads."""
     in_tree = sorted(p.name for p in PRETRAINED.glob("smollm2-*") if p.is_dir())
-    assert list(SMOLLM2.names) == in_tree and len(in_tree) == 4
+    assert list(SMOLLM2.names) == in_tree and in_tree  # non-empty: the glob found the folders
     excluded = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["exclude-package-data"]
     patterns = excluded["specjax.models"]
     shipped = {p.relative_to(PRETRAINED.parent).as_posix() for p in PRETRAINED.glob("*/*")}
