@@ -61,8 +61,16 @@ def machine() -> dict:
         "os_cpu_count": os.cpu_count(),
         "load_average": load_average(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "max_map_count": _max_map_count(),  # how many compiled programs a process can keep alive
         "command": shlex.join([Path(sys.executable).name, *sys.argv]),
     }
+
+
+def _max_map_count() -> int | None:
+    from specjax.runtime import memory_mappings
+
+    mappings = memory_mappings()
+    return None if mappings is None else mappings[1]
 
 
 def load_target(name: str, weights: str = "float32", seed: int = 0):
