@@ -75,7 +75,6 @@ def bench(tmp_path_factory):
     ]
     (prompts / "qualitative.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     long = [{"category": "b32", "turns": ["the quick brown fox jumps"]}, {"category": "b32", "turns": ["abc " * 6]}]
-    (prompts / "throughput_b32.jsonl").write_text("".join(json.dumps(r) + "\n" for r in long))
     target, draft = bench_pair()
     config = {
         "experiments": ["protocol"],
@@ -96,11 +95,29 @@ def bench(tmp_path_factory):
         },
     }
     out = tmp_path_factory.mktemp("bench_protocol")
-    return run_bench(from_dict(BenchConfig, config), out, target=target, draft=draft, progress=False), out
+    config = from_dict(BenchConfig, config)
+    # The first run dies in its throughput split (the bucket's file is missing) after timing both
+    # qualitative groups; the second resumes from what the first left in finished_parts.json.
+    with pytest.raises(ValueError, match=r"throughput_b32\.jsonl does not exist"):
+        run_bench(config, out, target=target, draft=draft, progress=False)
+    left = json.loads((out / "finished_parts.json").read_text())["parts"]
+    assert list(left) == ["protocol/qualitative/draft", "protocol/qualitative/lookup"]
+    (prompts / "throughput_b32.jsonl").write_text("".join(json.dumps(r) + "\n" for r in long))
+    return run_bench(config, out, target=target, draft=draft, progress=False), out, left
+
+
+def test_e12_resumes_from_the_groups_a_killed_run_finished(bench):
+    results, out, left = bench
+    result = results["experiments"]["protocol"]
+    assert result["resumed_parts"] == ["protocol/qualitative/draft", "protocol/qualitative/lookup"]
+    # The same timings, not new ones: each row as the first run measured it.
+    qual = [{k: v for k, v in r.items() if k not in ("timing_group", "split")} for r in result["rows"]]
+    assert qual[: sum(map(len, left.values()))] == [r for rows in left.values() for r in rows]
+    assert not (out / "finished_parts.json").exists()  # the whole run is in results.json now
 
 
 def test_e12_reports_categories_at_batch_1_and_the_best_k_per_bucket_and_batch(bench):
-    results, out = bench
+    results, out, _ = bench
     result = results["experiments"]["protocol"]
     assert result["qualitative"] == {
         "turns_per_category": {"math": 3, "writing": 1},

@@ -13,6 +13,7 @@ import jax
 from tqdm.auto import tqdm
 
 from specjax.bench.cost_model import CostTable, forward_estimate
+from specjax.bench.finished_parts import FinishedParts
 from specjax.bench.measure import DRAFT, POOLED, RunSpec, Workload, acceptance, adaptive_specs_for, measure
 from specjax.bench.prompt_sets import load_prompts
 from specjax.bench.timing import matmul_flops, memory_bandwidth, repeat_values
@@ -106,6 +107,7 @@ class BenchContext:
         self.costs = CostTable(config.timing.cost_inner, config.timing.repeats)
         self._acceptance: dict[tuple, dict] = {}
         self._machine: dict | None = None
+        self.parts = FinishedParts()  # run_bench keeps them in the results directory
 
     def load(self, spec: ModelSpec) -> Model:
         """A draft-side model, loaded once however many drafters use it."""

@@ -16,6 +16,8 @@ from tqdm.auto import tqdm
 from specjax.bench.bench_config import BenchConfig
 from specjax.bench.compiles import compile_seconds, compiled_programs
 from specjax.bench.context import BenchContext
+from specjax.bench.finished_parts import FILE as FINISHED_PARTS
+from specjax.bench.finished_parts import FinishedParts, run_fingerprint
 from specjax.bench.report import DEFINITIONS, SCHEMA_VERSION, write_results
 from specjax.bench.timing import environment, load_average, machine_load
 from specjax.configs import to_dict
@@ -42,6 +44,8 @@ def run_bench(
     out_dir.mkdir(parents=True, exist_ok=True)
     load = machine_load()  # before loading models: what else the machine was doing
     ctx = BenchContext(config, target=target, draft=draft, progress=progress)
+    fingerprint = run_fingerprint(to_dict(config), ctx.models(), [ctx.target.params, ctx.draft.weights()])
+    ctx.parts = FinishedParts(out_dir / FINISHED_PARTS, fingerprint)  # a killed run resumes from these
     results = {
         "schema_version": SCHEMA_VERSION,
         "command": shlex.join(command) if command else None,
@@ -78,4 +82,5 @@ def run_bench(
         results["machine"] = ctx.measured_machine
         results["acceptance_profiles"] = ctx.acceptance_profiles()
         write_results(results, out_dir)  # after every experiment: an interrupted run keeps what it finished
+    ctx.parts.discard()
     return results

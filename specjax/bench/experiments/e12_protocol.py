@@ -191,7 +191,9 @@ def _qualitative(ctx: BenchContext, drafters: dict) -> tuple[list[dict], dict]:
         chosen = names[start : start + cfg.drafters_per_group]
         specs = [RunSpec("speculative", 1, cfg.num_speculative_tokens, t, n) for t in cfg.temperatures for n in chosen]
         label = f"E12 qualitative ({start + 1}-{start + len(chosen)} of {len(names)} drafters)"
-        rows += [{**row, "timing_group": group} for row in ctx.measure(specs, label, workload)]
+        # Each group stands alone (its own plain), so a killed run resumes at the next group.
+        measured = ctx.parts.get_or_run(f"protocol/qualitative/{','.join(chosen)}", ctx.measure, specs, label, workload)
+        rows += [{**row, "timing_group": group} for row in measured]
         if ctx.config.clear_caches:
             # The next group starts with no programs alive: none is evicted under its timing.
             jax.clear_caches()
@@ -226,7 +228,10 @@ def _throughput(ctx: BenchContext, drafters: dict) -> tuple[list[dict], dict]:
         specs = [
             RunSpec("speculative", b, k, cfg.throughput_temperature, n) for b in batches for k in cfg.ks for n in names
         ]
-        for row in ctx.measure(specs, f"E12 throughput {bucket}", workload):
+        measured = ctx.parts.get_or_run(
+            f"protocol/throughput/{bucket}", ctx.measure, specs, f"E12 throughput {bucket}", workload
+        )
+        for row in measured:
             rows.append({**row, "split": "throughput", "category": bucket, "input_tokens": longest})
     return rows, counts
 
@@ -316,6 +321,8 @@ def run(ctx: BenchContext) -> dict:
         "throughput": throughput,
         "drafters": described,
         "summary": summary,
+        # Parts a killed run had finished, read back from finished_parts.json (bench/finished_parts.py).
+        "resumed_parts": [k for k in ctx.parts.resumed if k.startswith("protocol/")],
     }
 
 
