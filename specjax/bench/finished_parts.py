@@ -38,30 +38,37 @@ def run_fingerprint(config: dict, models: dict, weights: list) -> str:
 
 
 class FinishedParts:
-    """Parts of one run by key; `path=None` keeps nothing (the Python API without a results directory)."""
+    """Parts of one run by key; `path=None` keeps nothing (the Python API without a results directory).
 
-    def __init__(self, path: Path | None = None, fingerprint: str = ""):
-        self.path, self.fingerprint = path, fingerprint
+    `fingerprint` is called once, at the first part: a bench whose experiments keep no parts
+    pays nothing at start-up for hashing the weights."""
+
+    def __init__(self, path: Path | None = None, fingerprint: Callable[[], str] = str):
+        self.path, self._fingerprint = path, fingerprint
         self.resumed: list[str] = []
-        self._parts: dict[str, list] = {}
-        if path is not None and path.exists():
-            try:
-                stored = json.loads(path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError:  # killed mid-write: nothing in it can be trusted
-                stored = {}
-            if stored.get("fingerprint") == fingerprint:
-                self._parts = stored.get("parts", {})
+        self._parts: dict[str, list] | None = None  # read at the first part
+
+    def _stored(self) -> dict[str, list]:
+        if self._parts is None:
+            self.fingerprint = self._fingerprint()
+            self._parts = {}
+            if self.path is not None and self.path.exists():  # written atomically: whole or absent
+                stored = json.loads(self.path.read_text(encoding="utf-8"))
+                if stored.get("fingerprint") == self.fingerprint:
+                    self._parts = stored.get("parts", {})
+        return self._parts
 
     def get_or_run(self, key: str, run: Callable[..., list], *args) -> list:
         """The rows part `key` left on disk, else `run(*args)`'s rows, written down before returning."""
-        if key in self._parts:
+        parts = self._stored()
+        if key in parts:
             self.resumed.append(key)
-            return self._parts[key]
+            return parts[key]
         # Through JSON either way, so a fresh part and a resumed one return the same types.
-        rows = self._parts[key] = json.loads(json.dumps(run(*args)))
+        rows = parts[key] = json.loads(json.dumps(run(*args)))
         if self.path is not None:
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"fingerprint": self.fingerprint, "parts": self._parts}), encoding="utf-8")
+            tmp.write_text(json.dumps({"fingerprint": self.fingerprint, "parts": parts}), encoding="utf-8")
             tmp.replace(self.path)  # atomic: a kill leaves the old file or the new one
         return rows
 

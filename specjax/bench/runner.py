@@ -44,8 +44,10 @@ def run_bench(
     out_dir.mkdir(parents=True, exist_ok=True)
     load = machine_load()  # before loading models: what else the machine was doing
     ctx = BenchContext(config, target=target, draft=draft, progress=progress)
-    fingerprint = run_fingerprint(to_dict(config), ctx.models(), [ctx.target.params, ctx.draft.weights()])
-    ctx.parts = FinishedParts(out_dir / FINISHED_PARTS, fingerprint)  # a killed run resumes from these
+    ctx.parts = FinishedParts(  # a killed run resumes from these
+        out_dir / FINISHED_PARTS,
+        lambda: run_fingerprint(to_dict(config), ctx.models(), [ctx.target.params, ctx.draft.weights()]),
+    )
     results = {
         "schema_version": SCHEMA_VERSION,
         "command": shlex.join(command) if command else None,
