@@ -86,39 +86,6 @@ def evaluate_bash(example) -> None:
             raise AssertionError(f"a bash block runs {line!r}, which the README check does not know how to run")
 
 
-# The slowest files first. `--dist loadfile` hands whole files to the two workers in
-# collection order (pyproject.toml turns off xdist's own order, by number of tests), so
-# the run ends when the worker that drew the last long file finishes it: longest first
-# leaves only short files for the end. Seconds per file from `pytest --durations=80` on two
-# loaded cores (2026-12-07); a file not listed here keeps its place after these.
-_SLOW_FILES = {
-    "tests/test_gguf.py": 182,
-    "tests/test_heads.py": 139,
-    "tests/test_weight_formats.py": 116,
-    "tests/test_bench.py": 107,
-    "tests/test_sharding.py": 104,
-    "tests/test_trees.py": 82,
-    "tests/test_train_sharded.py": 76,
-    "tests/test_distill.py": 70,
-    "tests/test_adaptive.py": 50,
-    "tests/test_verify_schedule.py": 46,
-    "tests/test_bucketing.py": 44,
-    "tests/test_interrupt.py": 44,
-    "README.md": 43,
-    "tests/test_pard_training.py": 39,
-    "docs/drafters.md": 38,
-    "tests/test_head_formats.py": 35,
-    "tests/test_bench_adaptive.py": 35,
-    "tests/test_cross_vocab.py": 34,
-    "tests/test_constraints.py": 33,
-    "tests/test_adaptive_costs.py": 31,
-}
-
-
-def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: -_SLOW_FILES.get(item.nodeid.split("::")[0], 0))  # stable: files stay whole
-
-
 _TOKENIZERS = tempfile.TemporaryDirectory()  # removed when the process exits
 
 
