@@ -42,6 +42,7 @@ import numpy as np
 from .block_net import final_state, head_logits, init_block_head_params
 from .config import ModelConfig
 from .heads import target_embedding
+from .vocab_top_k import top_k
 
 _EPS = 1e-6
 
@@ -119,10 +120,7 @@ def top_paths(lp, paths: int, branch: int):
     per-position argmax (up to ties)."""
     *lead, k, v = lp.shape
     m = min(branch, v)
-    # The barrier keeps XLA:CPU from fusing this top_k over the vocabulary into the beam below:
-    # fused, it is lowered as a full sort and the whole function took 40 ms on SmolLM2's
-    # 49,152 tokens, 0.4 ms with the barrier (same tokens; results/smollm2_e8_block_family).
-    top_lp, top_tok = jax.lax.optimization_barrier(jax.lax.top_k(lp.astype(jnp.float32), m))  # [.., K, m]
+    top_lp, top_tok = top_k(lp.astype(jnp.float32), m)  # [.., K, m]: kept out of the beam's fusion
     scores, tokens = top_lp[..., 0, :], top_tok[..., 0, :, None]  # [.., m], [.., m, 1]
     for i in range(1, k):
         width = scores.shape[-1]
