@@ -28,7 +28,7 @@ from specjax.core.acceptance import rejection_sampling_rule
 from specjax.core.sampling import SamplingConfig
 from specjax.drafters import DraftModel
 from specjax.drafters.convert import as_drafter
-from specjax.engine.verify_schedule import VerifySchedule, choose_width
+from specjax.engine.verify_schedule import PROBE_ROUNDS, VerifySchedule, choose_width
 
 WIDTHS = (1, 2, 3, 5)
 COSTS = {1: 1.0, 2: 1.1, 3: 1.2, 5: 1.4}
@@ -164,7 +164,8 @@ def test_greedy_equals_plain_with_a_chain_draft_and_a_block_head(target, noisy_d
     config, expected = plain_greedy
     base = as_drafter(noisy_draft)
     confident = ConfidentDraft(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
-    schedule = specjax.VerifySchedule(widths=GREEDY_WIDTHS, costs={w: COSTS[w] for w in GREEDY_WIDTHS})
+    costs = {w: COSTS[w] for w in GREEDY_WIDTHS}
+    schedule = specjax.VerifySchedule(widths=GREEDY_WIDTHS, costs=costs, chains=False)  # every round reads confidence
     speculative = specjax.SpeculativeConfig(num_speculative_tokens=4, verify_schedule=schedule)
     for draft in (confident, _head(target)):
         out = specjax.generate(target, RAGGED_PROMPTS, config, draft=draft, speculative=speculative)
@@ -176,6 +177,17 @@ def test_greedy_equals_plain_with_a_chain_draft_and_a_block_head(target, noisy_d
         assert s.accepted_tokens <= s.drafted_tokens <= s.drafter["proposed_tokens"]  # drafted: the verified ones
         if draft is confident:
             assert used[1] > 0 and used[5] > 0, used  # the confidence moved the width
+
+    # Segments of static chains beside the confidence arm: chains this cheap win every
+    # segment after the confidence arm's untried probe, so both kinds of segment run.
+    schedule = dataclasses.replace(schedule, chains=True, chain_costs={2: 0.01, 4: 0.012})
+    speculative = specjax.SpeculativeConfig(num_speculative_tokens=4, verify_schedule=schedule)
+    out = specjax.generate(target, RAGGED_PROMPTS, config, draft=confident, speculative=speculative)
+    assert out.tokens == expected
+    s = out.stats.drafter
+    arms = {a: s[f"schedule_{a}_rounds"] for a in ("chain_2", "chain_4", "confidence")}
+    assert arms["confidence"] == PROBE_ROUNDS and arms["chain_2"] + arms["chain_4"] > 0, arms
+    assert sum(arms.values()) == sum(s[f"verify_width_{w}_rounds"] for w in GREEDY_WIDTHS) == out.stats.target_forwards
 
 
 def test_sampling_follows_the_target_end_to_end(pair8):  # noqa: F811
@@ -191,6 +203,46 @@ def test_sampling_follows_the_target_end_to_end(pair8):  # noqa: F811
     assert out.stats.drafter["verify_width_2_rounds"] > 0  # drafts cut: the token after the cut is p's
 
 
+def test_segments_of_chains_and_confidence_follow_the_target(pair8, monkeypatch):  # noqa: F811
+    """Under sampling each segment's arm is chosen from past rounds only, so a token is the
+    target's whichever arm drew it: here the first round is the confidence arm's probe and
+    the second a chain's (chains cheap enough to win once the probe has measured)."""
+    from specjax.engine import verify_schedule as vs
+
+    target, draft = pair8
+    monkeypatch.setattr(vs, "PROBE_ROUNDS", 1)  # read when traced: this plan's costs are unique
+    expected = _exact_joint(target, SamplingConfig(temperature=1.0))
+    config = specjax.GenerationConfig.at_temperature(1.0, max_new_tokens=2, seed=11)
+    schedule = {"widths": [1, 2, 4], "costs": {1: 1.0, 2: 1.07, 4: 1.9}, "chain_costs": {1: 0.01, 3: 0.02}}
+    speculative = specjax.SpeculativeConfig.from_mapping({"num_speculative_tokens": 3, "verify_schedule": schedule})
+    out = specjax.generate(target, [PROMPT] * (SAMPLES // 2), config, draft=draft, speculative=speculative)
+    tokens = np.asarray(out.tokens)
+    assert chi_square_p_value(tokens[:, 0] * 8 + tokens[:, 1], expected) > P_VALUE_PASS
+    s = out.stats.drafter
+    assert s["schedule_confidence_rounds"] == 1 and s["schedule_chain_1_rounds"] + s["schedule_chain_3_rounds"] > 0, s
+
+
+def test_the_arm_is_the_best_chain_unless_the_confidence_measured_better():
+    """choose_arm from history: an untried confidence arm first, then the larger of its
+    measured tokens per second and each chain's expected tokens per second."""
+    from specjax.engine.schedule_policy import choose_arm, init_schedule
+
+    config = VerifySchedule(widths=(1, 2, 3, 5), chain_costs={1: 1.0, 2: 1.2, 4: 1.6}).resolved(4)
+    live = jnp.ones((2,), bool)
+    sched = init_schedule(2, 4, config)
+    assert int(choose_arm(sched, config, live, confident=True)) == 3  # untried
+    # Rates 0.9: K = 4 expects 4.10 tokens / 1.6 = 2.56 per row, beating K = 2 (2.71 / 1.2 = 2.26)
+    sure = sched.replace(hits=jnp.full((4,), 90.0), tries=jnp.full((4,), 100.0))
+    assert int(choose_arm(sure, config, live, confident=False)) == 2
+    # Rates 0.2: K = 1 (1.2 / 1.0) beats K = 2 (1.24 / 1.2) and K = 4
+    unsure = sched.replace(hits=jnp.full((4,), 20.0), tries=jnp.full((4,), 100.0))
+    assert int(choose_arm(unsure, config, live, confident=False)) == 0
+    slow = unsure.replace(arm_tokens=jnp.asarray(2.0), arm_seconds=jnp.asarray(2.0))  # 1 token/s over 2 rows
+    assert int(choose_arm(slow, config, live, confident=True)) == 0
+    fast = unsure.replace(arm_tokens=jnp.asarray(6.0), arm_seconds=jnp.asarray(2.0))  # 3/s beats K = 1's 2.4/s
+    assert int(choose_arm(fast, config, live, confident=True)) == 3
+
+
 def test_runs_of_rounds_are_the_rounds_one_switch_each_would_be(pair8, monkeypatch):  # noqa: F811
     """schedule_round runs rounds that choose the same width in one while loop, carrying the
     next round's proposal across runs and drafting it again after a call's last round: every
@@ -201,7 +253,7 @@ def test_runs_of_rounds_are_the_rounds_one_switch_each_would_be(pair8, monkeypat
     target, draft = pair8
     monkeypatch.setattr(vs, "ROUNDS_PER_CALL", 2)  # read when traced: this plan's costs are unique
     config = specjax.GenerationConfig.at_temperature(1.0, max_new_tokens=10, seed=7)
-    schedule = {"widths": [1, 2, 4], "costs": {1: 1.0, 2: 1.13, 4: 1.31}}
+    schedule = {"widths": [1, 2, 4], "costs": {1: 1.0, 2: 1.13, 4: 1.31}, "chains": False}
     speculative = specjax.SpeculativeConfig.from_mapping({"num_speculative_tokens": 3, "verify_schedule": schedule})
     prompts = [PROMPT, [4, 5], [6, 1, 2, 3]]
     weights = as_drafter(draft).weights()
@@ -251,6 +303,12 @@ def test_configs_parse_and_bad_ones_are_refused():
     refused("positive seconds", verify_schedule={"costs": {1: 0.0}})
     refused("unknown keys", verify_schedule={"width": [1, 2]})
     refused("must be True, False", verify_schedule="yes")
+    refused("chains is true or false", verify_schedule={"chains": "yes"})
+    refused("chain_costs must map Ks to seconds", verify_schedule={"chain_costs": {"two": 1.0}})
+    with pytest.raises(ValueError, match=r"chain_costs lack K = \[4\]"):
+        VerifySchedule(widths=(1, 2, 5), chain_costs={1: 1.0}).resolved(4)
+    assert VerifySchedule(widths=(1, 2, 5)).resolved(4).chain_ks == (1, 4)
+    assert VerifySchedule(widths=(1, 2, 5), chains=False).resolved(4).chain_ks == ()
     with pytest.raises(ValueError, match="exceed num_speculative_tokens"):
         VerifySchedule(widths=(1, 6)).resolved(4)
     with pytest.raises(ValueError, match="lack widths"):
@@ -271,10 +329,13 @@ def test_measured_costs_are_timed_once_then_read_from_the_disk_cache(target, noi
     monkeypatch.setattr(engine_costs, "measure_verify_costs", lambda *a, **kw: calls.append(a) or real(*a, **kw))
     schedule = {"widths": [1, 5], "costs": "measure"}
     speculative = specjax.SpeculativeConfig(num_speculative_tokens=4, verify_schedule=schedule)
+    chains, timed = [], engine_costs.measure_chain_costs
+    monkeypatch.setattr(engine_costs, "measure_chain_costs", lambda *a, **kw: chains.append(a[3]) or timed(*a, **kw))
     for _ in range(2):
         out = specjax.generate(target, RAGGED_PROMPTS, config, draft=noisy_draft, speculative=speculative)
         assert out.tokens == expected
     assert len(calls) == 1  # the second call read the file the first one wrote
+    assert chains == [(4,)]  # the static chain the schedule may run instead (K = 5 - 1), timed with the widths
     with pytest.raises(ValueError, match="mapping of widths to seconds or 'measure'"):
         VerifySchedule(costs="measured")
     with pytest.raises(ValueError, match="must be measured before the loop"):

@@ -36,6 +36,19 @@ class VerifySchedule:
     lookahead: under sampling, choose from every position's confidence at once (as greedy
       does). Exact only when the drafter's confidence depends on no drafted token; with q
       (or a confidence that reads the drafts) it biases the output. False: bucket by bucket.
+    chains: also run static chains. Each call of the loop (a segment of up to
+      ROUNDS_PER_CALL rounds) then runs one arm: a static chain of K = w - 1 (each width
+      w > 1: draft w - 1, verify them all) or the confidence arm (draft K, choose each
+      round's width from its drafts, as above), whichever promises the most committed
+      tokens per second from past rounds only: a chain by the measured acceptance per
+      position and `chain_costs`, the confidence arm by the tokens per second its own past
+      segments committed (untried: it runs first, for a short segment). Where the
+      confidence does not pay, the segments are the best static chain's rounds, so the
+      schedule cannot lose more than its exploration to the best static K. False: every
+      round is the confidence arm's.
+    chain_costs: {K: seconds of one chain round of K} (a chain of K drafts only K, so it
+      costs less than the confidence arm's round at width K + 1). None: the width costs
+      (`costs`, or the fallback) at K + 1. `costs="measure"` measures these too.
     """
 
     widths: tuple[int, ...] | None = None
@@ -45,6 +58,8 @@ class VerifySchedule:
     decay: float = 0.9
     probe_every: int = 16
     lookahead: bool = False
+    chains: bool = True
+    chain_costs: tuple[tuple[int, float], ...] | None = None
 
     def __post_init__(self):
         if self.widths is not None:
@@ -59,7 +74,7 @@ class VerifySchedule:
                 raise ValueError(
                     f"verify_schedule costs is a mapping of widths to seconds or 'measure', got {self.costs!r}"
                 )
-            object.__setattr__(self, "costs", _cost_pairs(self.costs))
+            object.__setattr__(self, "costs", _cost_pairs(self.costs, "costs", "widths"))
         if not self.width_cost >= 0:
             raise ValueError(f"verify_schedule width_cost must be >= 0, got {self.width_cost}")
         if not 0.0 < self.prior < 1.0:
@@ -70,6 +85,10 @@ class VerifySchedule:
             raise ValueError(f"verify_schedule probe_every must be an integer >= 0, got {self.probe_every!r}")
         if not isinstance(self.lookahead, bool):
             raise ValueError(f"verify_schedule lookahead is true or false, got {self.lookahead!r}")
+        if not isinstance(self.chains, bool):
+            raise ValueError(f"verify_schedule chains is true or false, got {self.chains!r}")
+        if self.chain_costs is not None:
+            object.__setattr__(self, "chain_costs", _cost_pairs(self.chain_costs, "chain_costs", "Ks"))
 
     def resolved(self, k_max: int) -> VerifySchedule:
         """This schedule with its widths fixed for K_MAX drafts (checked, costs for each)."""
@@ -86,7 +105,18 @@ class VerifySchedule:
             missing = [w for w in widths if w not in given]
             if missing:
                 raise ValueError(f"verify_schedule costs lack widths {missing} (have {sorted(given)})")
-        return dataclasses.replace(self, widths=widths)
+        resolved = dataclasses.replace(self, widths=widths)
+        if self.chains and self.chain_costs is not None:
+            given = dict(self.chain_costs)
+            missing = [k for k in resolved.chain_ks if k not in given]
+            if missing:
+                raise ValueError(f"verify_schedule chain_costs lack K = {missing} (have {sorted(given)})")
+        return resolved
+
+    @property
+    def chain_ks(self) -> tuple[int, ...]:
+        """The static chains' K (one per width w > 1: K = w - 1); () with chains off."""
+        return tuple(w - 1 for w in self.widths if w > 1) if self.chains else ()
 
     @property
     def measures_costs(self) -> bool:
@@ -102,16 +132,24 @@ class VerifySchedule:
         given = dict(self.costs)
         return np.asarray([given[w] for w in self.widths], np.float32)
 
+    def chain_cost_vector(self) -> np.ndarray:
+        """[len(chain_ks)] float32 seconds (or fallback units) of a chain round of each K."""
+        if self.chain_costs is not None:
+            given = dict(self.chain_costs)
+            return np.asarray([given[k] for k in self.chain_ks], np.float32)
+        width_costs = dict(zip(self.widths, self.cost_vector(), strict=True))
+        return np.asarray([width_costs[k + 1] for k in self.chain_ks], np.float32)
 
-def _cost_pairs(costs) -> tuple[tuple[int, float], ...]:
-    """{width: seconds} (keys may be strings, from YAML/JSON) as sorted hashable pairs."""
+
+def _cost_pairs(costs, name: str, keys: str) -> tuple[tuple[int, float], ...]:
+    """{width or K: seconds} (keys may be strings, from YAML/JSON) as sorted hashable pairs."""
     items = costs.items() if isinstance(costs, Mapping) else costs
     try:
         pairs = tuple(sorted((int(w), float(c)) for w, c in items))
     except (TypeError, ValueError):
-        raise ValueError(f"verify_schedule costs must map widths to seconds, got {costs!r}") from None
+        raise ValueError(f"verify_schedule {name} must map {keys} to seconds, got {costs!r}") from None
     if not all(c > 0 for _, c in pairs):
-        raise ValueError(f"verify_schedule costs must be positive seconds, got {costs!r}")
+        raise ValueError(f"verify_schedule {name} must be positive seconds, got {costs!r}")
     return pairs
 
 

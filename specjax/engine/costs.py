@@ -23,7 +23,7 @@ from specjax.engine.cost_cache import cached_costs, cost_key
 from specjax.engine.plan import as_adaptive
 from specjax.engine.prompts import PromptBatch
 from specjax.engine.round_costs import measure_round_costs
-from specjax.engine.verify_costs import measure_verify_costs
+from specjax.engine.verify_costs import measure_chain_costs, measure_verify_costs
 from specjax.io.model import Model
 
 
@@ -64,21 +64,27 @@ def resolve_costs(
 
 def resolve_verify_costs(target: Model, drafter: Drafter | None, plan: Plan, batch: PromptBatch) -> Plan:
     """`plan` with a verify schedule's costs="measure" replaced by the seconds of one round at
-    each of its widths, measured at the batch's bucket size and cache length (or read from
-    the disk cache, keyed as adaptive K's costs are). Costs are part of the jit key, so the
-    loop compiles for the measured values; any other plan comes back unchanged."""
+    each of its widths, and of a chain round of each of its chains' K, measured at the
+    batch's bucket size and cache length (or read from the disk cache, keyed as adaptive
+    K's costs are). Costs are part of the jit key, so the loop compiles for the measured
+    values; any other plan comes back unchanged."""
     schedule = plan.verify_schedule
     if schedule is None or not schedule.measures_costs:
         return plan
-    k, widths = plan.num_speculative_tokens, schedule.widths
-    candidates = types.SimpleNamespace(labels=[f"verify width {w} of K={k}" for w in widths], trees=None)
+    k, widths, ks = plan.num_speculative_tokens, schedule.widths, schedule.chain_ks
+    labels = [f"verify width {w} of K={k}" for w in widths] + [f"chain of K={j}" for j in ks]
+    candidates = types.SimpleNamespace(labels=labels, trees=None)
     key = cost_key(target, drafter, batch.bucket_rows, candidates, batch.cache_length, plan.sampling, plan.cache)
+    shape = (batch.bucket_rows, batch.cache_length)
 
     def measure() -> dict:
-        seconds = measure_verify_costs(target, drafter, batch.bucket_rows, k, batch.cache_length, widths,
-                                       plan.sampling, cache=plan.cache)  # fmt: skip
-        return {label: seconds[w] for label, w in zip(candidates.labels, widths, strict=True)}
+        seconds = measure_verify_costs(target, drafter, shape[0], k, shape[1], widths, plan.sampling, cache=plan.cache)
+        chains = measure_chain_costs(target, drafter, shape[0], ks, shape[1], plan.sampling, cache=plan.cache)
+        return dict(zip(labels, [seconds[w] for w in widths] + [chains[j] for j in ks], strict=True))
 
-    costs, _ = cached_costs(key, candidates.labels, measure)
-    measured = tuple((w, float(costs[label])) for label, w in zip(candidates.labels, widths, strict=True))
-    return dataclasses.replace(plan, verify_schedule=dataclasses.replace(schedule, costs=measured))
+    costs, _ = cached_costs(key, labels, measure)
+    measured = tuple((w, float(costs[label])) for label, w in zip(labels[: len(widths)], widths, strict=True))
+    chained = tuple((j, float(costs[label])) for label, j in zip(labels[len(widths) :], ks, strict=True))
+    return dataclasses.replace(
+        plan, verify_schedule=dataclasses.replace(schedule, costs=measured, chain_costs=chained or None)
+    )

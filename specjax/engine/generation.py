@@ -31,8 +31,9 @@ from specjax.engine.adaptive_policy import init_adaptive
 from specjax.engine.output import GenerationOutput, PreparedGeneration, collect_output
 from specjax.engine.prompts import PromptBatch
 from specjax.engine.rounds import chain_round, draft_context, plain_round
+from specjax.engine.schedule_policy import init_schedule
 from specjax.engine.tree_round import tree_round
-from specjax.engine.verify_schedule import init_schedule, schedule_round, schedule_stats
+from specjax.engine.verify_schedule import schedule_round, schedule_stats
 
 
 def loop_round(target_params, draft_weights, state: LoopState) -> LoopState:
@@ -104,8 +105,7 @@ def init_state(
         ad = init_adaptive(costs, batch, plan.accepted_width, max_rounds=cache_length, groups=groups, key=key)
         state = state.replace(adaptive=ad)
     if plan.verify_schedule is not None:
-        n = len(plan.verify_schedule.widths)
-        state = state.replace(schedule=init_schedule(batch, plan.num_speculative_tokens, n))
+        state = state.replace(schedule=init_schedule(batch, plan.num_speculative_tokens, plan.verify_schedule))
     ctx = draft_context(state, target_params).replace(features=features, target_cache=target_cache)
     return state.replace(draft_state=plan.drafter.init(draft_weights, ctx, prompt, cache_length))
 

@@ -5,11 +5,14 @@ step's nor a chain round of w - 1's (adaptive K's costs, engine/round_costs.py):
 timed here as it runs, a schedule of the one width w inside the generation loop
 (engine/timed_loops.py's `_rounds`, rewound after every round), at two loop lengths,
 round-robin across widths, and the slope taken, exactly as round_costs.py times adaptive
-K's candidates. Nothing the loop runs imports this module.
+K's candidates. A static chain of K, which the schedule may run instead (its `chains`),
+is the same one-width round drafting K and verifying all K. Nothing the loop runs imports
+this module.
 
     costs = measure_verify_costs(target, draft, batch=1, k=4, context=256)
+    chain_costs = measure_chain_costs(target, draft, batch=1, ks=(1, 2, 4), context=256)
     speculative = SpeculativeConfig(num_speculative_tokens=4,
-                                    verify_schedule=VerifySchedule(costs=costs))
+                                    verify_schedule=VerifySchedule(costs=costs, chain_costs=chain_costs))
 """
 
 from __future__ import annotations
@@ -44,14 +47,36 @@ def measure_verify_costs(
     """{width: marginal seconds of one scheduled round} for K = k drafts, `batch` rows and a
     cache of `context` slots half filled; widths None: VerifySchedule's default for k."""
     widths = VerifySchedule(widths=widths).resolved(k).widths
+    return _measure(target, draft, batch, {w: (k, w) for w in widths}, context, sampling, repeats, cache)
+
+
+def measure_chain_costs(
+    target: Model,
+    draft: Model | Drafter,
+    batch: int,
+    ks: tuple[int, ...],
+    context: int,
+    sampling: SamplingConfig | float = 0.0,
+    repeats: int = REPEATS,
+    cache: CacheConfig = DEFAULT_CACHE,
+) -> dict[int, float]:
+    """{K: marginal seconds of one chain round of K} (VerifySchedule.chain_costs): a
+    schedule's one-width round drafting K and verifying all K is exactly that round."""
+    if not ks:
+        return {}
+    return _measure(target, draft, batch, {j: (j, j + 1) for j in ks}, context, sampling, repeats, cache)
+
+
+def _measure(target, draft, batch, shapes: dict, context, sampling, repeats, cache) -> dict:
+    """{label: marginal seconds of one round} for shapes {label: (K drafted, verify width)}."""
     if not isinstance(sampling, SamplingConfig):
         sampling = SamplingConfig(temperature=float(sampling))
     drafter = as_drafter(draft)
     weights = drafter.weights()
-    context = max(context, 2 * (k + 2))
+    context = max(context, 2 * (max(k for k, _ in shapes.values()) + 2))
     fill = context // 2
     calls = {}
-    for w in widths:
+    for label, (k, w) in shapes.items():
         plan = Plan(
             target=target.config,
             drafter=drafter.without_weights(),
@@ -63,13 +88,13 @@ def measure_verify_costs(
             verify_schedule=dataclasses.replace(VerifySchedule(), widths=(w,)),
         )
         for n in (SHORT, LONG):
-            calls[(w, n)] = _timed(target, weights, plan, batch, fill, context, n)
-            jax.block_until_ready(calls[(w, n)]())  # the warm-up that compiles
+            calls[(label, n)] = _timed(target, weights, plan, batch, fill, context, n)
+            jax.block_until_ready(calls[(label, n)]())  # the warm-up that compiles
     times = interleaved(calls, repeats, warmup=0)
     out = {}
-    for w in widths:
-        short, long = median(times[(w, SHORT)]), median(times[(w, LONG)])
-        out[w] = max((long - short) / (LONG - SHORT), 0.25 * long / LONG)  # round_costs.py's floor
+    for label in shapes:
+        short, long = median(times[(label, SHORT)]), median(times[(label, LONG)])
+        out[label] = max((long - short) / (LONG - SHORT), 0.25 * long / LONG)  # round_costs.py's floor
     return out
 
 

@@ -33,6 +33,17 @@ drafts already inside the bucket and the measured rates beyond them, beats stopp
 confidence depends on no drafted token (tests/test_verify_schedule.py shows the bias with q).
 The measured rates and `found` depend on committed tokens only, so they may be read anywhere.
 
+Segments and static chains (`VerifySchedule.chains`, on by default). The confidence pays
+only when it tells rounds apart; where it does not, drafting K and verifying fewer loses
+to the static chain that drafts only what it verifies. So each call of the loop (a
+segment of up to ROUNDS_PER_CALL rounds) runs one arm, chosen from past rounds only
+(choose_arm): a static chain of K = w - 1 for a width w > 1 (rounds.py's chain round, the
+static program itself) or the confidence arm above. A chain is valued by the expected
+tokens per second of its round (the measured rates, `chain_costs`), the confidence arm by
+the tokens per second it committed in its own past segments (untried: a PROBE_ROUNDS
+segment first). One `lax.switch` per segment, so a segment of chain rounds costs what
+the static chain's rounds cost, plus one copy of the loop state per segment.
+
 The schedule's settings are a `VerifySchedule` (core/verify_widths.py: the config layer may
 read it). Drafters see an ordinary chain round that accepted num_accepted <= w - 1 of its K drafts
 (rollback is a length change), so every chain drafter works unchanged.
@@ -51,140 +62,24 @@ from flax import struct
 from specjax.core.state import LoopState
 from specjax.core.verify_widths import VerifySchedule, as_verify_schedule, default_widths
 from specjax.drafters import Proposal
-from specjax.engine.rounds import draft_context, propose, verify_proposal
+from specjax.engine.rounds import chain_round, draft_context, propose, verify_proposal
+from specjax.engine.schedule_policy import (
+    calibrated,
+    choose_arm,
+    choose_width,
+    draft_confidence,
+    fold,
+    measured_rates,
+)
 
-__all__ = ["VerifySchedule", "as_verify_schedule", "choose_width", "default_widths", "schedule_round"]
+__all__ = ["VerifySchedule", "as_verify_schedule", "choose_arm", "choose_width", "default_widths", "schedule_round"]
 
-
-# --- The choice --------------------------------------------------------------------------
-
-
-def choose_width(alpha, live, costs, widths, confidence=None, found=None, lookahead: bool = True) -> jax.Array:
-    """[] int32: the index into `widths` of this round's verify width.
-
-    alpha [K]: measured acceptance per position (context-only); live [B] bool; costs [n];
-    confidence [B, K] or None: per-draft survival chances that may depend on the drafts;
-    found [B] bool or None: rows with a proposal. lookahead: read every position's
-    confidence at once (greedy, or a confidence independent of the drafts); False: bucket
-    by bucket, each extension decided from the drafts already inside (the module docstring).
-    Ties go to the narrower width."""
-    k = alpha.shape[0]
-    n = len(widths)
-    live = live.astype(jnp.float32)
-    base = jnp.broadcast_to(alpha[None, :], (live.shape[0], k))
-    mask = 1.0 if found is None else found.astype(jnp.float32)[:, None]
-    upto = jnp.asarray(widths) - 1  # drafts verified at each width
-
-    def values(c):  # [B, K] -> [n]: expected committed tokens over live rows per second
-        s = jnp.cumprod(c * mask, axis=1)
-        cumulative = jnp.concatenate([jnp.zeros_like(s[:, :1]), jnp.cumsum(s, axis=1)], axis=1)  # [B, K+1]
-        tokens = 1.0 + cumulative[:, upto]  # [B, n]
-        return jnp.sum(tokens * live[:, None], axis=0) / costs
-
-    if confidence is None:
-        return jnp.argmax(values(base)).astype(jnp.int32)
-    if lookahead:
-        return jnp.argmax(values(confidence)).astype(jnp.int32)
-    stops = []
-    for j, w in enumerate(widths):
-        known = (jnp.arange(k) < w - 1)[None, :]  # the drafts bucket j already verifies
-        ahead = jnp.where(jnp.arange(n) >= j, values(jnp.where(known, confidence, base)), -jnp.inf)
-        stops.append(jnp.argmax(ahead) <= j)
-    return jnp.argmax(jnp.stack(stops)).astype(jnp.int32)  # the first bucket that stops (the last always does)
-
-
-def draft_confidence(proposal: Proposal, greedy: bool):
-    """[B, K] survival chances that may depend on the drafts, or None: the drafter's own
-    confidence, else under sampling q_i(d_i) (under greedy q is one-hot and says nothing)."""
-    if proposal.confidence is not None:
-        return proposal.confidence.astype(jnp.float32)
-    if proposal.q is None or greedy:
-        return None
-    return jnp.take_along_axis(proposal.q, proposal.tokens[..., None], axis=-1)[..., 0].astype(jnp.float32)
-
-
-# --- The loop state and the round --------------------------------------------------------
 
 # The most rounds one call of schedule_round runs (one iteration of the generation loop, or
 # one `specjax.step`): a call ends with the next round drafted and dropped (the next call
 # drafts it again from the same state, the same round), so longer calls waste less drafting,
 # shorter ones return to the host sooner.
 ROUNDS_PER_CALL = 16
-
-
-@struct.dataclass
-class ScheduleState:
-    """The schedule's part of the loop state (LoopState.schedule)."""
-
-    hits: jax.Array  # [K] float32: forgotten counts of accepted draft positions, pooled over rows
-    tries: jax.Array  # [K] float32: forgotten counts of verified-and-reached positions
-    said: jax.Array  # [K] float32: forgotten sums of the confidence of those positions (calibration)
-    rounds_per_width: jax.Array  # [n] int32
-    tried_at: jax.Array  # [B, K] int32: rounds that verified draft position i and reached it
-    verified: jax.Array  # [B] int32: drafts verified per row
-    proposed: jax.Array  # [B] int32: drafts proposed per row (K per round)
-    narrow_run: jax.Array  # [] int32: rounds in a row at width 1
-
-
-def init_schedule(batch: int, k: int, n: int) -> ScheduleState:
-    return ScheduleState(
-        hits=jnp.zeros((k,), jnp.float32),
-        tries=jnp.zeros((k,), jnp.float32),
-        said=jnp.zeros((k,), jnp.float32),
-        rounds_per_width=jnp.zeros((n,), jnp.int32),
-        tried_at=jnp.zeros((batch, k), jnp.int32),
-        verified=jnp.zeros((batch,), jnp.int32),
-        proposed=jnp.zeros((batch,), jnp.int32),
-        narrow_run=jnp.zeros((), jnp.int32),
-    )
-
-
-def measured_rates(sched: ScheduleState, config: VerifySchedule) -> jax.Array:
-    """[K]: P(draft i accepted | drafts < i were), pooled: the posterior mean under a weight-1
-    prior centred on position i - 1's estimate (position 1's on `prior`), as adaptive K's
-    estimate is (adaptive_policy.py). A position no round verified yet is expected to behave
-    like the one before it; with a flat prior, rounds that stopped at width 2 would leave
-    positions 2.. at `prior` for good, and the schedule would never widen."""
-    means, previous = [], jnp.asarray(config.prior, jnp.float32)
-    for i in range(sched.hits.shape[0]):  # K is small and static
-        previous = (sched.hits[i] + previous) / (sched.tries[i] + 1.0)
-        means.append(previous)
-    return jnp.stack(means)
-
-
-def calibrated(confidence, sched: ScheduleState, config: VerifySchedule):
-    """confidence [B, K] scaled per position by accepted / said over past verified positions
-    (shrunk to 1 by a weight-1 prior), clipped to [0, 1]: q_i(d_i) says how sure the draft is,
-    not how often the target agrees (a well-matched pair accepts low-q drafts too), so its
-    level is set by what past rounds saw and only its variation across drafts is read. The
-    scale is history only: the choice stays a function of the drafts and past rounds."""
-    scale = (sched.hits + config.prior) / (sched.said + config.prior)
-    return jnp.clip(confidence * scale[None, :], 0.0, 1.0)
-
-
-def _fold(
-    sched: ScheduleState, config: VerifySchedule, index, num_accepted, live, found, confidence, k: int
-) -> ScheduleState:
-    """The state after a round of width widths[index] that accepted num_accepted [B] drafts in
-    the live [B] rows, with the drafts' raw confidence [B, K] (or None). The measured rates
-    learn only from rows that had a proposal (found [B] or None), as they are applied only
-    to those."""
-    width = jnp.asarray(config.widths)[index]
-    i = jnp.arange(k)[None, :]
-    tried = (i < width - 1) & (num_accepted[:, None] >= i) & live[:, None]  # [B, K]
-    hit = (i < num_accepted[:, None]) & live[:, None]
-    evidence = 1.0 if found is None else found.astype(jnp.float32)[:, None]
-    decay = jnp.where(width > 1, config.decay, 1.0)  # a width-1 round brings no evidence and forgets nothing
-    return sched.replace(
-        hits=decay * sched.hits + jnp.sum(hit * evidence, axis=0),
-        tries=decay * sched.tries + jnp.sum(tried * evidence, axis=0),
-        said=sched.said if confidence is None else decay * sched.said + jnp.sum(tried * evidence * confidence, axis=0),
-        rounds_per_width=sched.rounds_per_width.at[index].add(1),
-        tried_at=sched.tried_at + tried.astype(jnp.int32),
-        verified=sched.verified + (width - 1) * live.astype(jnp.int32),
-        proposed=sched.proposed + k * live.astype(jnp.int32),
-        narrow_run=jnp.where(width == 1, sched.narrow_run + 1, 0).astype(jnp.int32),
-    )
 
 
 @struct.dataclass
@@ -260,14 +155,67 @@ def _verify(j: int, target_params, draft_weights, state: LoopState, drafted: _Dr
     )
     num_accepted = jnp.sum(after.accepted_at - state.accepted_at, axis=1)  # [B]
     k = state.plan.num_speculative_tokens
-    sched = _fold(state.schedule, config, j, num_accepted, ~state.done, proposal.found, drafted.confidence, k)
+    sched = fold(state.schedule, config, j, num_accepted, ~state.done, proposal.found, drafted.confidence, k)
     return after.replace(schedule=sched)
 
 
 def schedule_round(target_params, draft_weights, state: LoopState) -> LoopState:
+    """One segment of scheduled rounds: at most ROUNDS_PER_CALL of them, fewer once every row
+    is done (none if it is on entry). With `VerifySchedule.chains` the segment runs one arm,
+    chosen from past rounds only (choose_arm): a static chain of K = w - 1, or the confidence
+    arm, whose every round drafts K and chooses its own verify width (_confidence_segment).
+    Each arm's rounds are exact and the choice reads no round it governs, so the output is
+    the target's under greedy and under sampling alike."""
+    config = state.plan.verify_schedule
+    if len(config.widths) == 1:  # one width (verify_costs.py times exactly one such round)
+        return _verify(0, target_params, draft_weights, state, _draft(target_params, draft_weights, state))
+    if not config.chain_ks:
+        return _confidence_segment(target_params, draft_weights, state)
+    confident = _has_confidence(target_params, draft_weights, state)
+    arms = [lambda s, k=k: _chain_segment(k, target_params, draft_weights, s) for k in config.chain_ks] + [
+        lambda s: _confidence_segment(target_params, draft_weights, s)
+    ] * confident
+    return jax.lax.switch(choose_arm(state.schedule, config, ~state.done, confident), arms, state)
+
+
+# The confidence arm's first segment, which it runs untried: short, so that a confidence that
+# does not pay costs few rounds against the best chain before the measurement says so.
+PROBE_ROUNDS = 4
+
+
+def _has_confidence(target_params, draft_weights, state: LoopState) -> bool:
+    """Whether the drafter's proposal carries what the confidence arm reads (trace time: the
+    proposal's structure, from an abstract evaluation that adds nothing to the program)."""
+    proposal = jax.eval_shape(lambda s: propose(target_params, draft_weights, s)[1], state)
+    return proposal.confidence is not None or (proposal.q is not None and not state.plan.sampling.greedy)
+
+
+def _chain_segment(k: int, target_params, draft_weights, state: LoopState) -> LoopState:
+    """Chain rounds of K = k (rounds.py's own, the static chain's program), folded into the
+    measured rates; the loop state keeps the schedule's plan while each round runs a chain's."""
+    plan = state.plan
+    config = plan.verify_schedule
+    chain = dataclasses.replace(plan, num_speculative_tokens=k, verify_schedule=None)
+    index = config.widths.index(k + 1)
+
+    def body_fn(carry):
+        s, rounds = carry
+        after = chain_round(target_params, draft_weights, s.replace(plan=chain)).replace(plan=plan)
+        num_accepted = jnp.sum(after.accepted_at - s.accepted_at, axis=1)  # [B]
+        k_max = plan.num_speculative_tokens
+        sched = fold(s.schedule, config, index, num_accepted, ~s.done, None, None, k_max, chain=k)
+        return after.replace(schedule=sched), rounds + 1
+
+    def cond_fn(carry):
+        return ~jnp.all(carry[0].done) & (carry[1] < ROUNDS_PER_CALL)
+
+    return jax.lax.while_loop(cond_fn, body_fn, (state, jnp.zeros((), jnp.int32)))[0]
+
+
+def _confidence_segment(target_params, draft_weights, state: LoopState) -> LoopState:
     """Scheduled rounds, each: draft K, choose the verify width, verify that many drafts and
-    commit; at most ROUNDS_PER_CALL of them, fewer once every row is done (none if it is
-    on entry).
+    commit; at most ROUNDS_PER_CALL of them (PROBE_ROUNDS while the arm is untried beside
+    chains).
 
     One `lax.switch` per run of rounds that choose the same width, not per round: on
     XLA:CPU a conditional in the loop body copies the loop state (the KV caches, the token
@@ -282,13 +230,14 @@ def schedule_round(target_params, draft_weights, state: LoopState) -> LoopState:
     still holds the one before, is still copied every round, the target's caches are not.
     """
     config = state.plan.verify_schedule
+    limit = ROUNDS_PER_CALL
+    if config.chain_ks:
+        limit = jnp.where(state.schedule.arm_seconds > 0, ROUNDS_PER_CALL, PROBE_ROUNDS)
     first = _draft(target_params, draft_weights, state)
-    if len(config.widths) == 1:  # one width (verify_costs.py times exactly one such round)
-        return _verify(0, target_params, draft_weights, state, first)
 
     def more(carry) -> jax.Array:
         s, _, rounds = carry
-        return ~jnp.all(s.done) & (rounds < ROUNDS_PER_CALL)
+        return ~jnp.all(s.done) & (rounds < limit)
 
     def run_of(j: int):
         def cond_fn(carry):
@@ -319,5 +268,7 @@ def schedule_stats(stats, state: LoopState, num_rows: int | None):
     verified = int(np.sum(np.asarray(sched.verified)[:num_rows]))
     out = stats.with_drafts(tried[:, 0], accepted_at, tried, verified)
     counters = {f"verify_width_{w}_rounds": int(n) for w, n in zip(config.widths, sched.rounds_per_width, strict=True)}
+    arms = [f"chain_{k}" for k in config.chain_ks] + ["confidence"]
+    counters.update({f"schedule_{a}_rounds": int(n) for a, n in zip(arms, sched.rounds_per_arm, strict=True)})
     counters["proposed_tokens"] = int(np.sum(np.asarray(sched.proposed)[:num_rows]))
     return dataclasses.replace(out, drafter={**out.drafter, **counters})

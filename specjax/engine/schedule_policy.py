@@ -1,0 +1,201 @@
+"""Confidence-scheduled verification's choices and what they learn from (verify_schedule.py
+runs the rounds): the verify width of a round from its drafts' confidence (choose_width),
+the arm of a segment from past rounds (choose_arm), and the schedule's part of the loop
+state with the fold that updates it after every round. The formulas and why each choice
+keeps the output exact are in verify_schedule.py's docstring.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specjax.core.verify_widths import VerifySchedule
+from specjax.drafters import Proposal
+
+__all__ = [
+    "ScheduleState",
+    "calibrated",
+    "choose_arm",
+    "choose_width",
+    "draft_confidence",
+    "fold",
+    "init_schedule",
+    "measured_rates",
+]
+
+
+# --- The choice --------------------------------------------------------------------------
+
+
+def choose_width(alpha, live, costs, widths, confidence=None, found=None, lookahead: bool = True) -> jax.Array:
+    """[] int32: the index into `widths` of this round's verify width.
+
+    alpha [K]: measured acceptance per position (context-only); live [B] bool; costs [n];
+    confidence [B, K] or None: per-draft survival chances that may depend on the drafts;
+    found [B] bool or None: rows with a proposal. lookahead: read every position's
+    confidence at once (greedy, or a confidence independent of the drafts); False: bucket
+    by bucket, each extension decided from the drafts already inside (the module docstring).
+    Ties go to the narrower width."""
+    k = alpha.shape[0]
+    n = len(widths)
+    live = live.astype(jnp.float32)
+    base = jnp.broadcast_to(alpha[None, :], (live.shape[0], k))
+    mask = 1.0 if found is None else found.astype(jnp.float32)[:, None]
+    upto = jnp.asarray(widths) - 1  # drafts verified at each width
+
+    def values(c):  # [B, K] -> [n]: expected committed tokens over live rows per second
+        s = jnp.cumprod(c * mask, axis=1)
+        cumulative = jnp.concatenate([jnp.zeros_like(s[:, :1]), jnp.cumsum(s, axis=1)], axis=1)  # [B, K+1]
+        tokens = 1.0 + cumulative[:, upto]  # [B, n]
+        return jnp.sum(tokens * live[:, None], axis=0) / costs
+
+    if confidence is None:
+        return jnp.argmax(values(base)).astype(jnp.int32)
+    if lookahead:
+        return jnp.argmax(values(confidence)).astype(jnp.int32)
+    stops = []
+    for j, w in enumerate(widths):
+        known = (jnp.arange(k) < w - 1)[None, :]  # the drafts bucket j already verifies
+        ahead = jnp.where(jnp.arange(n) >= j, values(jnp.where(known, confidence, base)), -jnp.inf)
+        stops.append(jnp.argmax(ahead) <= j)
+    return jnp.argmax(jnp.stack(stops)).astype(jnp.int32)  # the first bucket that stops (the last always does)
+
+
+def draft_confidence(proposal: Proposal, greedy: bool):
+    """[B, K] survival chances that may depend on the drafts, or None: the drafter's own
+    confidence, else under sampling q_i(d_i) (under greedy q is one-hot and says nothing)."""
+    if proposal.confidence is not None:
+        return proposal.confidence.astype(jnp.float32)
+    if proposal.q is None or greedy:
+        return None
+    return jnp.take_along_axis(proposal.q, proposal.tokens[..., None], axis=-1)[..., 0].astype(jnp.float32)
+
+
+# --- What the schedule learns ----------------------------------------------------------
+
+
+@struct.dataclass
+class ScheduleState:
+    """The schedule's part of the loop state (LoopState.schedule)."""
+
+    hits: jax.Array  # [K] float32: forgotten counts of accepted draft positions, pooled over rows
+    tries: jax.Array  # [K] float32: forgotten counts of verified-and-reached positions
+    said: jax.Array  # [K] float32: forgotten sums of the confidence of those positions (calibration)
+    said_hits: jax.Array  # [K] float32: `hits` of the rounds that had a confidence (calibration)
+    arm_tokens: jax.Array  # [] float32: forgotten sums of tokens the confidence arm committed (live rows)
+    arm_seconds: jax.Array  # [] float32: forgotten sums of the costs of its rounds (0: never ran)
+    rounds_per_width: jax.Array  # [n] int32
+    rounds_per_arm: jax.Array  # [A] int32: the chains of VerifySchedule.chain_ks, then the confidence arm
+    tried_at: jax.Array  # [B, K] int32: rounds that verified draft position i and reached it
+    verified: jax.Array  # [B] int32: drafts verified per row
+    proposed: jax.Array  # [B] int32: drafts proposed per row (K per round)
+    narrow_run: jax.Array  # [] int32: rounds in a row at width 1
+
+
+def init_schedule(batch: int, k: int, config: VerifySchedule) -> ScheduleState:
+    return ScheduleState(
+        hits=jnp.zeros((k,), jnp.float32),
+        tries=jnp.zeros((k,), jnp.float32),
+        said=jnp.zeros((k,), jnp.float32),
+        said_hits=jnp.zeros((k,), jnp.float32),
+        arm_tokens=jnp.zeros((), jnp.float32),
+        arm_seconds=jnp.zeros((), jnp.float32),
+        rounds_per_width=jnp.zeros((len(config.widths),), jnp.int32),
+        rounds_per_arm=jnp.zeros((len(config.chain_ks) + 1,), jnp.int32),
+        tried_at=jnp.zeros((batch, k), jnp.int32),
+        verified=jnp.zeros((batch,), jnp.int32),
+        proposed=jnp.zeros((batch,), jnp.int32),
+        narrow_run=jnp.zeros((), jnp.int32),
+    )
+
+
+def measured_rates(sched: ScheduleState, config: VerifySchedule) -> jax.Array:
+    """[K]: P(draft i accepted | drafts < i were), pooled: the posterior mean under a weight-1
+    prior centred on position i - 1's estimate (position 1's on `prior`), as adaptive K's
+    estimate is (adaptive_policy.py). A position no round verified yet is expected to behave
+    like the one before it; with a flat prior, rounds that stopped at width 2 would leave
+    positions 2.. at `prior` for good, and the schedule would never widen."""
+    means, previous = [], jnp.asarray(config.prior, jnp.float32)
+    for i in range(sched.hits.shape[0]):  # K is small and static
+        previous = (sched.hits[i] + previous) / (sched.tries[i] + 1.0)
+        means.append(previous)
+    return jnp.stack(means)
+
+
+def calibrated(confidence, sched: ScheduleState, config: VerifySchedule):
+    """confidence [B, K] scaled per position by accepted / said over past verified positions
+    (shrunk to 1 by a weight-1 prior), clipped to [0, 1]: q_i(d_i) says how sure the draft is,
+    not how often the target agrees (a well-matched pair accepts low-q drafts too), so its
+    level is set by what past rounds saw and only its variation across drafts is read. The
+    scale is history only: the choice stays a function of the drafts and past rounds."""
+    scale = (sched.said_hits + config.prior) / (sched.said + config.prior)
+    return jnp.clip(confidence * scale[None, :], 0.0, 1.0)
+
+
+def fold(
+    sched: ScheduleState,
+    config: VerifySchedule,
+    index,
+    num_accepted,
+    live,
+    found,
+    confidence,
+    k: int,
+    chain: int | None = None,
+) -> ScheduleState:
+    """The state after a round of width widths[index] that accepted num_accepted [B] drafts in
+    the live [B] rows, with the drafts' raw confidence [B, K] (or None): a round of the
+    chain arm of K = `chain` (drafted `chain` per row), or with chain None a round of the
+    confidence arm (drafted K), which also feeds that arm's committed tokens per second
+    (what choose_arm reads of it). The measured rates learn only from rows that had a
+    proposal (found [B] or None), as they are applied only to those."""
+    width = jnp.asarray(config.widths)[index]
+    i = jnp.arange(k)[None, :]
+    tried = (i < width - 1) & (num_accepted[:, None] >= i) & live[:, None]  # [B, K]
+    hit = (i < num_accepted[:, None]) & live[:, None]
+    evidence = 1.0 if found is None else found.astype(jnp.float32)[:, None]
+    decay = jnp.where(width > 1, config.decay, 1.0)  # a width-1 round brings no evidence and forgets nothing
+    hits = jnp.sum(hit * evidence, axis=0)
+    sched = sched.replace(
+        hits=decay * sched.hits + hits,
+        tries=decay * sched.tries + jnp.sum(tried * evidence, axis=0),
+        rounds_per_width=sched.rounds_per_width.at[index].add(1),
+        tried_at=sched.tried_at + tried.astype(jnp.int32),
+        verified=sched.verified + (width - 1) * live.astype(jnp.int32),
+        proposed=sched.proposed + (k if chain is None else chain) * live.astype(jnp.int32),
+        narrow_run=jnp.where(width == 1, sched.narrow_run + 1, 0).astype(jnp.int32),
+    )
+    if confidence is not None:
+        sched = sched.replace(
+            said=decay * sched.said + jnp.sum(tried * evidence * confidence, axis=0),
+            said_hits=decay * sched.said_hits + hits,
+        )
+    if chain is not None:
+        return sched.replace(rounds_per_arm=sched.rounds_per_arm.at[config.chain_ks.index(chain)].add(1))
+    committed = jnp.sum((num_accepted + 1) * live)
+    return sched.replace(
+        arm_tokens=config.decay * sched.arm_tokens + committed,
+        arm_seconds=config.decay * sched.arm_seconds + jnp.asarray(config.cost_vector())[index],
+        rounds_per_arm=sched.rounds_per_arm.at[-1].add(1),
+    )
+
+
+def choose_arm(sched: ScheduleState, config: VerifySchedule, live, confident: bool) -> jax.Array:
+    """[] int32: the arm of the next segment, an index into chain_ks, or len(chain_ks) for the
+    confidence arm (only when `confident`: the drafter gives a confidence, or samples with
+    q; under greedy without one the confidence arm is a chain that drafts K and verifies
+    fewer, never better than the chain it verifies). Past rounds only: a chain's value is
+    the expected tokens per second of its round from the measured acceptance per position
+    (measured_rates), the confidence arm's the tokens per second its own past rounds
+    committed, or infinite before it ran (tried first). Ties go to the shorter chain."""
+    alpha = measured_rates(sched, config)  # [K]
+    expected = jnp.concatenate([jnp.zeros((1,)), jnp.cumsum(jnp.cumprod(alpha))])  # [K + 1]: drafts kept
+    ks = np.asarray(config.chain_ks)
+    values = jnp.sum(live) * (1.0 + expected[ks]) / jnp.asarray(config.chain_cost_vector())  # [A - 1]
+    if confident:
+        measured = sched.arm_tokens / jnp.maximum(sched.arm_seconds, 1e-30)
+        values = jnp.append(values, jnp.where(sched.arm_seconds > 0, measured, jnp.inf))
+    return jnp.argmax(values).astype(jnp.int32)
