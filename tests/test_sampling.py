@@ -285,6 +285,30 @@ def test_top_k_and_top_p_truncate_the_distribution():
     np.testing.assert_allclose(floor, np.array([0.5, 0.2, 0.15, 0, 0]) / 0.85, rtol=1e-5)
 
 
+def test_top_p_keeps_the_sorted_prefix_with_or_without_sorting_the_vocabulary():
+    """Over a vocabulary wider than TOP_P_CANDIDATES, top-p reads the prefix from a top_k when
+    the head holds top_p of the mass in every row, else it sorts everything: both give the
+    nucleus of the full sort, ties included (the cut tokens share the threshold's value)."""
+    from specjax.core.sampling import TOP_P_CANDIDATES
+
+    v = 4 * TOP_P_CANDIDATES
+    rng = np.random.default_rng(0)
+    peaked = rng.normal(size=(3, v)) * 4.0  # the head holds most of the mass
+    flat = rng.normal(size=(3, v)) * 0.1  # it does not: the whole vocabulary is sorted
+    tied = np.repeat(rng.normal(size=(3, v // 8)) * 3.0, 8, axis=1)  # runs of equal logits
+    for logits in (peaked, flat, tied, np.concatenate([peaked[:2], flat[:1]])):
+        probs = np.asarray(jax.nn.softmax(jnp.asarray(logits, jnp.float32), axis=-1), np.float64)
+        for top_p in (0.3, 0.9):
+            order = np.argsort(-probs, axis=-1, kind="stable")
+            sorted_probs = np.take_along_axis(probs, order, axis=-1)
+            before = np.cumsum(sorted_probs, axis=-1) - sorted_probs
+            threshold = np.min(np.where(before < top_p, sorted_probs, np.inf), axis=-1, keepdims=True)
+            expected = probs >= threshold - 1e-9
+            got = np.asarray(probabilities(jnp.asarray(logits, jnp.float32), SamplingConfig(1.0, top_p=top_p))) > 0
+            assert (got == expected).all(), (top_p, int(got.sum()), int(expected.sum()))
+            assert 0 < got.sum() < got.size
+
+
 @pytest.mark.parametrize(
     "settings",
     [dict(temperature=0.7, top_k=20, top_p=0.8, min_p=0.05), dict(temperature=1.3, min_p=0.2), dict(top_p=0.5)],

@@ -58,12 +58,7 @@ def probabilities(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
         logits = jnp.where(logits < kth, -jnp.inf, logits)
     probs = jax.nn.softmax(logits, axis=-1)
     if sampling.top_p is not None and sampling.top_p < 1.0:
-        # Keep the smallest prefix of the sorted distribution whose mass reaches top_p:
-        # a token is kept if the mass strictly before it is < top_p (the top one always is).
-        sorted_probs = -jnp.sort(-probs, axis=-1)
-        mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
-        kept = jnp.where(mass_before < sampling.top_p, sorted_probs, jnp.inf)
-        threshold = jnp.min(kept, axis=-1, keepdims=True)
+        threshold = _top_p_threshold(probs, sampling.top_p)  # [..., 1]
         probs = jnp.where(probs >= threshold, probs, 0.0)
         probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
     if sampling.min_p is not None and sampling.min_p > 0.0:
@@ -71,6 +66,32 @@ def probabilities(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
         probs = jnp.where(probs >= floor, probs, 0.0)
         probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
     return probs
+
+
+# How many of the most likely tokens top-p looks at before it sorts the whole vocabulary.
+TOP_P_CANDIDATES = 256
+
+
+def _top_p_threshold(probs: jax.Array, top_p: float) -> jax.Array:
+    """probs [..., V] -> [..., 1]: the least probability top-p keeps. The kept tokens are the
+    smallest prefix of the sorted distribution whose mass reaches top_p (a token is kept if
+    the mass strictly before it is < top_p; the top one always is).
+
+    The prefix is looked for among the TOP_P_CANDIDATES most likely tokens first (a top_k,
+    in the order a stable sort gives them), and the whole vocabulary is sorted only when
+    their mass falls short of top_p in some row: on XLA:CPU a sort of SmolLM2's 49,152
+    probabilities took about 100 ms per call, a top_k of 256 about 1 ms."""
+
+    def threshold(sorted_probs):  # [..., n] descending -> [..., 1]
+        mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+        kept = jnp.where(mass_before < top_p, sorted_probs, jnp.inf)
+        return jnp.min(kept, axis=-1, keepdims=True)
+
+    if probs.shape[-1] <= TOP_P_CANDIDATES:
+        return threshold(-jnp.sort(-probs, axis=-1))
+    head = top_k(probs, TOP_P_CANDIDATES)[0]  # [..., n]
+    enough = jnp.all(jnp.sum(head, axis=-1) >= top_p)  # every row's prefix lies inside the head
+    return jax.lax.cond(enough, threshold, lambda _: threshold(-jnp.sort(-probs, axis=-1)), head)
 
 
 def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
