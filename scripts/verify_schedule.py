@@ -1,10 +1,15 @@
 """Confidence-scheduled verification against static K on the embedded pair.
 
-Static chains of K = 1, 2, 4 and a schedule that drafts K = 4 and verifies 0, 1, 2 or 4 of
-the drafts, at each batch size and temperature asked, timed round-robin (medians of whole
-generations, compiled beforehand). The schedule's costs are measured per width first
-(engine/verify_costs.py). Reports seconds, tokens per target forward, and the rounds per
-verify width.
+Static chains of K = 1, 2, 4 and two schedules that draft K = 4 and verify 0, 1, 2 or 4 of
+the drafts: "schedule" (the default, segments of static chains K = 1, 2, 4 beside the
+confidence arm, chosen from past rounds) and "confidence only" (`chains: false`, every
+round's width from its drafts), at each batch size and temperature asked, timed
+round-robin (medians of whole generations, compiled beforehand). The costs are measured
+per width and per chain first (engine/verify_costs.py). Reports seconds, tokens per target
+forward, the rounds per verify width and per arm.
+
+--mixed: the batch's rows alternate between a prompt the drafter continues well (a
+repeated line) and the four prose/code prompts, so that acceptance differs between rows.
 
     python scripts/verify_schedule.py --batch 1 4 --temperature 0 1 --new 64
 """
@@ -20,7 +25,7 @@ import jax
 
 import specjax
 from specjax.bench.timing import environment, interleaved
-from specjax.engine.verify_costs import measure_verify_costs
+from specjax.engine.verify_costs import measure_chain_costs, measure_verify_costs
 
 PROMPTS = [
     "def merge_sorted(a, b):\n    result = []\n",
@@ -28,6 +33,7 @@ PROMPTS = [
     "import numpy as np\n\ndef softmax(x):\n",
     "Once upon a time, in a small village,",
 ]
+REPEATED = "for i in range(10):\n    print(i)\n" * 6  # the drafter continues this well
 
 
 def main() -> None:
@@ -38,6 +44,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4, help="the schedule's K (drafts per round)")
     parser.add_argument("--draft", default="stdlib-draft", help="any drafter name (stdlib-block-head: a head)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--mixed", action="store_true", help="rows that differ in acceptance (see above)")
     parser.add_argument("--out", default="results/verify_schedule/verify_schedule.json")
     args = parser.parse_args()
 
@@ -45,7 +52,8 @@ def main() -> None:
     draft = specjax.load_drafter(args.draft, target)
     rows = []
     for batch in args.batch:
-        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
+        pool = [x for p in PROMPTS for x in (REPEATED, p)] if args.mixed else PROMPTS
+        prompts = [pool[i % len(pool)] for i in range(batch)]
         for t in args.temperature:
             config = specjax.GenerationConfig.at_temperature(t, max_new_tokens=args.new, ignore_eos=True)
             costs = measure_verify_costs(target, draft, batch, args.k, context=256, sampling=config.sampling)
@@ -59,11 +67,17 @@ def main() -> None:
                 )
                 for k in (1, 2, args.k)
             }
-            schedule = specjax.VerifySchedule(costs=costs)
-            calls["schedule"] = specjax.prepare(
-                target, prompts, config, draft=draft,
-                speculative=specjax.SpeculativeConfig(num_speculative_tokens=args.k, verify_schedule=schedule),
-            )  # fmt: skip
+            ks = specjax.VerifySchedule().resolved(args.k).chain_ks
+            chain_costs = measure_chain_costs(target, draft, batch, ks, context=256, sampling=config.sampling)
+            schedules = {
+                "schedule": specjax.VerifySchedule(costs=costs, chain_costs=chain_costs),
+                "confidence only": specjax.VerifySchedule(costs=costs, chains=False),
+            }
+            for name, schedule in schedules.items():
+                calls[name] = specjax.prepare(
+                    target, prompts, config, draft=draft,
+                    speculative=specjax.SpeculativeConfig(num_speculative_tokens=args.k, verify_schedule=schedule),
+                )  # fmt: skip
             times = interleaved({k: (lambda p=p: p.launch()) for k, p in calls.items()}, args.repeats, warmup=1)
             for name, call in calls.items():
                 out = call.run()
@@ -76,22 +90,29 @@ def main() -> None:
                     "tokens_per_forward": s.generated_tokens / max(s.target_forwards, 1) / batch,
                     "mean_acceptance_length": s.mean_acceptance_length,
                 }
-                if name == "schedule":
+                if name in schedules:
                     row["costs_ms"] = {w: round(1e3 * c, 3) for w, c in costs.items()}
+                    row["chain_costs_ms"] = {k: round(1e3 * c, 3) for k, c in chain_costs.items()}
                     row["rounds_per_width"] = {
                         k.removeprefix("verify_width_").removesuffix("_rounds"): v
                         for k, v in s.drafter.items()
                         if k.startswith("verify_width_")
+                    }
+                    row["rounds_per_arm"] = {
+                        k.removeprefix("schedule_").removesuffix("_rounds"): v
+                        for k, v in s.drafter.items()
+                        if k.startswith("schedule_") and v
                     }
                 rows.append(row)
                 print(
                     f"b={batch} T={t} {name:12s} {1e3 * row['seconds']:8.1f} ms  "
                     f"{row['tokens_per_forward']:.2f} tok/forward",
                     row.get("rounds_per_width", ""),
+                    row.get("rounds_per_arm", ""),
                 )
     command = "python scripts/verify_schedule.py " + " ".join(
         [f"--batch {' '.join(map(str, args.batch))}", f"--temperature {' '.join(map(str, args.temperature))}",
-         f"--draft {args.draft}",
+         f"--draft {args.draft}", "--mixed" * args.mixed,
          f"--new {args.new}", f"--k {args.k}", f"--repeats {args.repeats}"]
     )  # fmt: skip
     result = {"command": command, "environment": environment(), "device": str(jax.devices()[0]), "rows": rows}
