@@ -28,7 +28,7 @@ from specjax.core.acceptance import rejection_sampling_rule
 from specjax.core.sampling import SamplingConfig
 from specjax.drafters import DraftModel
 from specjax.drafters.convert import as_drafter
-from specjax.engine.verify_schedule import PROBE_ROUNDS, VerifySchedule, choose_width
+from specjax.engine.verify_schedule import VerifySchedule, choose_width
 
 WIDTHS = (1, 2, 3, 5)
 COSTS = {1: 1.0, 2: 1.1, 3: 1.2, 5: 1.4}
@@ -179,14 +179,14 @@ def test_greedy_equals_plain_with_a_chain_draft_and_a_block_head(target, noisy_d
             assert used[1] > 0 and used[5] > 0, used  # the confidence moved the width
 
     # Segments of static chains beside the confidence arm: chains this cheap win every
-    # segment after the confidence arm's untried probe, so both kinds of segment run.
+    # round after the confidence arm's first (untried, it goes first), so both arms run.
     schedule = dataclasses.replace(schedule, chains=True, chain_costs={2: 0.01, 4: 0.012})
     speculative = specjax.SpeculativeConfig(num_speculative_tokens=4, verify_schedule=schedule)
     out = specjax.generate(target, RAGGED_PROMPTS, config, draft=confident, speculative=speculative)
     assert out.tokens == expected
     s = out.stats.drafter
     arms = {a: s[f"schedule_{a}_rounds"] for a in ("chain_2", "chain_4", "confidence")}
-    assert arms["confidence"] == PROBE_ROUNDS and arms["chain_2"] + arms["chain_4"] > 0, arms
+    assert arms["confidence"] == 1 and arms["chain_2"] + arms["chain_4"] > 0, arms
     assert sum(arms.values()) == sum(s[f"verify_width_{w}_rounds"] for w in GREEDY_WIDTHS) == out.stats.target_forwards
 
 
@@ -203,14 +203,11 @@ def test_sampling_follows_the_target_end_to_end(pair8):  # noqa: F811
     assert out.stats.drafter["verify_width_2_rounds"] > 0  # drafts cut: the token after the cut is p's
 
 
-def test_segments_of_chains_and_confidence_follow_the_target(pair8, monkeypatch):  # noqa: F811
+def test_segments_of_chains_and_confidence_follow_the_target(pair8):  # noqa: F811
     """Under sampling each segment's arm is chosen from past rounds only, so a token is the
-    target's whichever arm drew it: here the first round is the confidence arm's probe and
-    the second a chain's (chains cheap enough to win once the probe has measured)."""
-    from specjax.engine import verify_schedule as vs
-
+    target's whichever arm drew it: here the first round is the confidence arm's (untried)
+    and the second a chain's (chains cheap enough to win once that round is measured)."""
     target, draft = pair8
-    monkeypatch.setattr(vs, "PROBE_ROUNDS", 1)  # read when traced: this plan's costs are unique
     expected = _exact_joint(target, SamplingConfig(temperature=1.0))
     config = specjax.GenerationConfig.at_temperature(1.0, max_new_tokens=2, seed=11)
     schedule = {"widths": [1, 2, 4], "costs": {1: 1.0, 2: 1.07, 4: 1.9}, "chain_costs": {1: 0.01, 3: 0.02}}
@@ -232,15 +229,21 @@ def test_the_arm_is_the_best_chain_unless_the_confidence_measured_better():
     sched = init_schedule(2, 4, config)
     assert int(choose_arm(sched, config, live, confident=True)) == 3  # untried
     # Rates 0.9: K = 4 expects 4.10 tokens / 1.6 = 2.56 per row, beating K = 2 (2.71 / 1.2 = 2.26)
-    sure = sched.replace(hits=jnp.full((4,), 90.0), tries=jnp.full((4,), 100.0))
+    sure = sched.replace(chain_hits=jnp.full((4,), 90.0), chain_tries=jnp.full((4,), 100.0))
     assert int(choose_arm(sure, config, live, confident=False)) == 2
     # Rates 0.2: K = 1 (1.2 / 1.0) beats K = 2 (1.24 / 1.2) and K = 4
-    unsure = sched.replace(hits=jnp.full((4,), 20.0), tries=jnp.full((4,), 100.0))
+    unsure = sched.replace(chain_hits=jnp.full((4,), 20.0), chain_tries=jnp.full((4,), 100.0))
     assert int(choose_arm(unsure, config, live, confident=False)) == 0
     slow = unsure.replace(arm_tokens=jnp.asarray(2.0), arm_seconds=jnp.asarray(2.0))  # 1 token/s over 2 rows
     assert int(choose_arm(slow, config, live, confident=True)) == 0
     fast = unsure.replace(arm_tokens=jnp.asarray(6.0), arm_seconds=jnp.asarray(2.0))  # 3/s beats K = 1's 2.4/s
     assert int(choose_arm(fast, config, live, confident=True)) == 3
+    close = unsure.replace(arm_tokens=jnp.asarray(5.0), arm_seconds=jnp.asarray(2.0))  # 2.5/s, not by the margin
+    assert int(choose_arm(close, config, live, confident=True)) == 0
+    assert int(choose_arm(close, dataclasses.replace(config, confidence_margin=1.0), live, confident=True)) == 3
+    # The rates a chain expects come from chain rounds, not from the confidence arm's
+    pooled = unsure.replace(hits=jnp.full((4,), 100.0), tries=jnp.full((4,), 100.0))
+    assert int(choose_arm(pooled, config, live, confident=False)) == 0
 
 
 def test_runs_of_rounds_are_the_rounds_one_switch_each_would_be(pair8, monkeypatch):  # noqa: F811

@@ -36,16 +36,19 @@ class VerifySchedule:
     lookahead: under sampling, choose from every position's confidence at once (as greedy
       does). Exact only when the drafter's confidence depends on no drafted token; with q
       (or a confidence that reads the drafts) it biases the output. False: bucket by bucket.
-    chains: also run static chains. Each call of the loop (a segment of up to
-      ROUNDS_PER_CALL rounds) then runs one arm: a static chain of K = w - 1 (each width
-      w > 1: draft w - 1, verify them all) or the confidence arm (draft K, choose each
-      round's width from its drafts, as above), whichever promises the most committed
-      tokens per second from past rounds only: a chain by the measured acceptance per
-      position and `chain_costs`, the confidence arm by the tokens per second its own past
-      segments committed (untried: it runs first, for a short segment). Where the
-      confidence does not pay, the segments are the best static chain's rounds, so the
-      schedule cannot lose more than its exploration to the best static K. False: every
-      round is the confidence arm's.
+    chains: also run static chains. Before every round one arm is chosen from past rounds
+      only: a static chain of K = w - 1 (each width w > 1: draft w - 1, verify them all) or
+      the confidence arm (draft K, choose the round's width from its drafts, as above),
+      whichever promises the most committed tokens per second: a chain by the acceptance
+      per position measured in chain rounds and `chain_costs`, the confidence arm by the
+      tokens per second its own past rounds committed over `confidence_margin` (untried:
+      it goes first). Rounds of one arm run as a segment, one switch per change of arm.
+      Where the confidence does not pay, the rounds are the best static chain's as the
+      measured rates and costs rank them. False: every round is the confidence arm's.
+    confidence_margin: the confidence arm runs a segment only if its measured tokens per
+      second beat every chain's by this factor: its costs are timed one width at a time,
+      without the choosing and the switches between runs of widths, which cost it 4-13%
+      more than the static chain of the same width (results/verify_schedule).
     chain_costs: {K: seconds of one chain round of K} (a chain of K drafts only K, so it
       costs less than the confidence arm's round at width K + 1). None: the width costs
       (`costs`, or the fallback) at K + 1. `costs="measure"` measures these too.
@@ -59,6 +62,7 @@ class VerifySchedule:
     probe_every: int = 16
     lookahead: bool = False
     chains: bool = True
+    confidence_margin: float = 1.1
     chain_costs: tuple[tuple[int, float], ...] | None = None
 
     def __post_init__(self):
@@ -87,6 +91,8 @@ class VerifySchedule:
             raise ValueError(f"verify_schedule lookahead is true or false, got {self.lookahead!r}")
         if not isinstance(self.chains, bool):
             raise ValueError(f"verify_schedule chains is true or false, got {self.chains!r}")
+        if not self.confidence_margin > 0:
+            raise ValueError(f"verify_schedule confidence_margin must be > 0, got {self.confidence_margin}")
         if self.chain_costs is not None:
             object.__setattr__(self, "chain_costs", _cost_pairs(self.chain_costs, "chain_costs", "Ks"))
 

@@ -85,6 +85,8 @@ class ScheduleState:
     tries: jax.Array  # [K] float32: forgotten counts of verified-and-reached positions
     said: jax.Array  # [K] float32: forgotten sums of the confidence of those positions (calibration)
     said_hits: jax.Array  # [K] float32: `hits` of the rounds that had a confidence (calibration)
+    chain_hits: jax.Array  # [K] float32: `hits` of the chain arms' rounds (every position reached is verified)
+    chain_tries: jax.Array  # [K] float32: `tries` of the chain arms' rounds
     arm_tokens: jax.Array  # [] float32: forgotten sums of tokens the confidence arm committed (live rows)
     arm_seconds: jax.Array  # [] float32: forgotten sums of the costs of its rounds (0: never ran)
     rounds_per_width: jax.Array  # [n] int32
@@ -101,6 +103,8 @@ def init_schedule(batch: int, k: int, config: VerifySchedule) -> ScheduleState:
         tries=jnp.zeros((k,), jnp.float32),
         said=jnp.zeros((k,), jnp.float32),
         said_hits=jnp.zeros((k,), jnp.float32),
+        chain_hits=jnp.zeros((k,), jnp.float32),
+        chain_tries=jnp.zeros((k,), jnp.float32),
         arm_tokens=jnp.zeros((), jnp.float32),
         arm_seconds=jnp.zeros((), jnp.float32),
         rounds_per_width=jnp.zeros((len(config.widths),), jnp.int32),
@@ -118,9 +122,13 @@ def measured_rates(sched: ScheduleState, config: VerifySchedule) -> jax.Array:
     estimate is (adaptive_policy.py). A position no round verified yet is expected to behave
     like the one before it; with a flat prior, rounds that stopped at width 2 would leave
     positions 2.. at `prior` for good, and the schedule would never widen."""
-    means, previous = [], jnp.asarray(config.prior, jnp.float32)
-    for i in range(sched.hits.shape[0]):  # K is small and static
-        previous = (sched.hits[i] + previous) / (sched.tries[i] + 1.0)
+    return _rates(sched.hits, sched.tries, config.prior)
+
+
+def _rates(hits, tries, prior: float) -> jax.Array:
+    means, previous = [], jnp.asarray(prior, jnp.float32)
+    for i in range(hits.shape[0]):  # K is small and static
+        previous = (hits[i] + previous) / (tries[i] + 1.0)
         means.append(previous)
     return jnp.stack(means)
 
@@ -174,7 +182,11 @@ def fold(
             said_hits=decay * sched.said_hits + hits,
         )
     if chain is not None:
-        return sched.replace(rounds_per_arm=sched.rounds_per_arm.at[config.chain_ks.index(chain)].add(1))
+        return sched.replace(
+            chain_hits=config.decay * sched.chain_hits + hits,
+            chain_tries=config.decay * sched.chain_tries + jnp.sum(tried * evidence, axis=0),
+            rounds_per_arm=sched.rounds_per_arm.at[config.chain_ks.index(chain)].add(1),
+        )
     committed = jnp.sum((num_accepted + 1) * live)
     return sched.replace(
         arm_tokens=config.decay * sched.arm_tokens + committed,
@@ -189,13 +201,16 @@ def choose_arm(sched: ScheduleState, config: VerifySchedule, live, confident: bo
     q; under greedy without one the confidence arm is a chain that drafts K and verifies
     fewer, never better than the chain it verifies). Past rounds only: a chain's value is
     the expected tokens per second of its round from the measured acceptance per position
-    (measured_rates), the confidence arm's the tokens per second its own past rounds
-    committed, or infinite before it ran (tried first). Ties go to the shorter chain."""
-    alpha = measured_rates(sched, config)  # [K]
+    in chain rounds, the confidence arm's the tokens per second its own past rounds
+    committed over `confidence_margin`, or infinite before it ran (tried first). Ties go to
+    the shorter chain."""
+    # Chain rounds only: the confidence arm verifies a position when it is likely to pass,
+    # so its rounds would overstate the rates a chain, which verifies every position, sees.
+    alpha = _rates(sched.chain_hits, sched.chain_tries, config.prior)  # [K]
     expected = jnp.concatenate([jnp.zeros((1,)), jnp.cumsum(jnp.cumprod(alpha))])  # [K + 1]: drafts kept
     ks = np.asarray(config.chain_ks)
     values = jnp.sum(live) * (1.0 + expected[ks]) / jnp.asarray(config.chain_cost_vector())  # [A - 1]
     if confident:
-        measured = sched.arm_tokens / jnp.maximum(sched.arm_seconds, 1e-30)
+        measured = sched.arm_tokens / jnp.maximum(sched.arm_seconds, 1e-30) / config.confidence_margin
         values = jnp.append(values, jnp.where(sched.arm_seconds > 0, measured, jnp.inf))
     return jnp.argmax(values).astype(jnp.int32)

@@ -39,10 +39,12 @@ to the static chain that drafts only what it verifies. So each call of the loop 
 segment of up to ROUNDS_PER_CALL rounds) runs one arm, chosen from past rounds only
 (choose_arm): a static chain of K = w - 1 for a width w > 1 (rounds.py's chain round, the
 static program itself) or the confidence arm above. A chain is valued by the expected
-tokens per second of its round (the measured rates, `chain_costs`), the confidence arm by
-the tokens per second it committed in its own past segments (untried: a PROBE_ROUNDS
-segment first). One `lax.switch` per segment, so a segment of chain rounds costs what
-the static chain's rounds cost, plus one copy of the loop state per segment.
+tokens per second of its round (the rates measured in chain rounds, `chain_costs`), the
+confidence arm by the tokens per second it committed in its own past rounds (untried:
+first). The choice is made again before every round, and the segment ends where it
+changes (as adaptive K's runs do): one `lax.switch` per change of arm, so a segment of
+chain rounds costs what the static chain's rounds cost, plus one copy of the loop state
+per change.
 
 The schedule's settings are a `VerifySchedule` (core/verify_widths.py: the config layer may
 read it). Drafters see an ordinary chain round that accepted num_accepted <= w - 1 of its K drafts
@@ -172,15 +174,17 @@ def schedule_round(target_params, draft_weights, state: LoopState) -> LoopState:
     if not config.chain_ks:
         return _confidence_segment(target_params, draft_weights, state)
     confident = _has_confidence(target_params, draft_weights, state)
-    arms = [lambda s, k=k: _chain_segment(k, target_params, draft_weights, s) for k in config.chain_ks] + [
-        lambda s: _confidence_segment(target_params, draft_weights, s)
-    ] * confident
+
+    def stays(arm: int):  # while the choice, remade before every round, is still `arm`
+        return lambda s: choose_arm(s.schedule, config, ~s.done, confident) == arm
+
+    arms = [
+        lambda s, a=a, k=k: _chain_segment(k, target_params, draft_weights, s, stays(a))
+        for a, k in enumerate(config.chain_ks)
+    ]
+    if confident:
+        arms.append(lambda s: _confidence_segment(target_params, draft_weights, s, stays(len(arms))))
     return jax.lax.switch(choose_arm(state.schedule, config, ~state.done, confident), arms, state)
-
-
-# The confidence arm's first segment, which it runs untried: short, so that a confidence that
-# does not pay costs few rounds against the best chain before the measurement says so.
-PROBE_ROUNDS = 4
 
 
 def _has_confidence(target_params, draft_weights, state: LoopState) -> bool:
@@ -190,9 +194,10 @@ def _has_confidence(target_params, draft_weights, state: LoopState) -> bool:
     return proposal.confidence is not None or (proposal.q is not None and not state.plan.sampling.greedy)
 
 
-def _chain_segment(k: int, target_params, draft_weights, state: LoopState) -> LoopState:
+def _chain_segment(k: int, target_params, draft_weights, state: LoopState, stays) -> LoopState:
     """Chain rounds of K = k (rounds.py's own, the static chain's program), folded into the
-    measured rates; the loop state keeps the schedule's plan while each round runs a chain's."""
+    measured rates, while `stays(state)`; the loop state keeps the schedule's plan while
+    each round runs a chain's."""
     plan = state.plan
     config = plan.verify_schedule
     chain = dataclasses.replace(plan, num_speculative_tokens=k, verify_schedule=None)
@@ -206,16 +211,16 @@ def _chain_segment(k: int, target_params, draft_weights, state: LoopState) -> Lo
         sched = fold(s.schedule, config, index, num_accepted, ~s.done, None, None, k_max, chain=k)
         return after.replace(schedule=sched), rounds + 1
 
-    def cond_fn(carry):
-        return ~jnp.all(carry[0].done) & (carry[1] < ROUNDS_PER_CALL)
+    def cond_fn(carry):  # the first round always runs: the loop around this call must progress
+        s, rounds = carry
+        return ~jnp.all(s.done) & (rounds < ROUNDS_PER_CALL) & ((rounds == 0) | stays(s))
 
     return jax.lax.while_loop(cond_fn, body_fn, (state, jnp.zeros((), jnp.int32)))[0]
 
 
-def _confidence_segment(target_params, draft_weights, state: LoopState) -> LoopState:
+def _confidence_segment(target_params, draft_weights, state: LoopState, stays=None) -> LoopState:
     """Scheduled rounds, each: draft K, choose the verify width, verify that many drafts and
-    commit; at most ROUNDS_PER_CALL of them (PROBE_ROUNDS while the arm is untried beside
-    chains).
+    commit; at most ROUNDS_PER_CALL of them, while `stays(state)` (beside chains).
 
     One `lax.switch` per run of rounds that choose the same width, not per round: on
     XLA:CPU a conditional in the loop body copies the loop state (the KV caches, the token
@@ -230,14 +235,14 @@ def _confidence_segment(target_params, draft_weights, state: LoopState) -> LoopS
     still holds the one before, is still copied every round, the target's caches are not.
     """
     config = state.plan.verify_schedule
-    limit = ROUNDS_PER_CALL
-    if config.chain_ks:
-        limit = jnp.where(state.schedule.arm_seconds > 0, ROUNDS_PER_CALL, PROBE_ROUNDS)
     first = _draft(target_params, draft_weights, state)
 
     def more(carry) -> jax.Array:
         s, _, rounds = carry
-        return ~jnp.all(s.done) & (rounds < limit)
+        going = ~jnp.all(s.done) & (rounds < ROUNDS_PER_CALL)
+        # The first round always runs (the loop around this call must progress, whatever a
+        # recomputed choice says).
+        return going if stays is None else going & ((rounds == 0) | stays(s))
 
     def run_of(j: int):
         def cond_fn(carry):
