@@ -276,12 +276,18 @@ def test_smollm2_matches_transformers_on_two_chat_prompts(smollm2):
     ours, prompts = smollm2
     theirs = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
     out = specjax.generate(ours, prompts, specjax.GenerationConfig(max_new_tokens=16, ignore_eos=True))
+    seqs = [ids + tokens for ids, tokens in zip(prompts, out.tokens, strict=True)]
+    # Both sequences in one call (one compile of the 30-layer forward, not one per length):
+    # right padding never reaches earlier positions of a causal model.
+    padded = np.zeros((len(seqs), max(map(len, seqs))), np.int32)
+    for row, seq in zip(padded, seqs, strict=True):
+        row[: len(seq)] = seq
+    ours_logits = specjax.io.model.logits(ours, padded)
     near_ties = 0
-    for ids, tokens in zip(prompts, out.tokens, strict=True):
-        seq = ids + tokens
+    for ids, tokens, seq, got in zip(prompts, out.tokens, seqs, ours_logits, strict=True):
         with torch.no_grad():
             want = theirs(torch.tensor([seq])).logits.numpy()[0]
-        got = specjax.io.model.logits(ours, [seq])[0]
+        got = got[: len(seq)]
         assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
         for j, token in enumerate(tokens):
             row = want[len(ids) - 1 + j]
@@ -311,12 +317,24 @@ def smollm2_plain(smollm2):
         "smollm2-dflash2-head",
     ],
 )
-def test_smollm2s_shipped_drafters_decode_exactly(smollm2, smollm2_plain, name):
+def test_smollm2s_shipped_drafters_decode_exactly(smollm2, smollm2_plain, name, monkeypatch):
     """The drafters trained for SmolLM2 here (models/pretrained/, their model cards): greedy
     output with each equals plain greedy output token for token, on a ragged batch. The
     PARD draft runs as a ParallelDraft with the mask id it records, the block heads (block,
     DSpark, DFlash 2) at the block size they were trained for (4)."""
+    from specjax.io import presets
+
     model, prompts = smollm2
+    # The two drafts borrow SmolLM2's embedding and LM head by name (io/borrowed_weights.py):
+    # load_model would parse the 135M GGUF again (~5 s each); the fixture's model is what it
+    # gives (the same file, float32), and the borrowed tensors' sha256 is still checked.
+    smollm2_path = packaged_path("smollm2-135m-instruct")
+    parse = presets.load_gguf
+    monkeypatch.setattr(
+        presets,
+        "load_gguf",
+        lambda path, dtype="float32": model if (path, dtype) == (smollm2_path, "float32") else parse(path, dtype=dtype),
+    )
     drafter = specjax.load_drafter(name, model) if name in embedded_heads() else specjax.load_model(name)
     k = 4 if name in ("smollm2-block-head", "smollm2-dspark-head", "smollm2-dflash2-head") else 5
     if name.endswith("pard-draft"):

@@ -2,7 +2,7 @@
 
 The multi-device checks run in subprocesses (tests/_sharded_worker.py): XLA must be told
 how many host CPU devices to create before it starts, and this process already has one.
-  - one process with 8 devices runs every mesh in turn: tokens, logits, shard shapes of
+  - one process with 8 devices runs three meshes in turn (the worker's MESHES): tokens, logits, shard shapes of
     params and caches, no recompiles, slice loading;
   - two processes with 4 devices each (gloo CPU collectives) form one 8-device mesh and
     must print the tokens this process computes unsharded.
@@ -50,7 +50,7 @@ def unsharded():
 
 
 def test_every_mesh_matches_unsharded(unsharded):
-    """(1,8), (2,4), (4,2), (8,1): tokens, logits, layouts, no recompiles, slice loading; the
+    """(1,8), (2,4), (8,1): tokens, logits, layouts, no recompiles, slice loading; the
     parallel drafters on (2,4)."""
     done = subprocess.run([sys.executable, WORKER, "meshes"], env=_env(8), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -244,9 +244,14 @@ def test_a_positions_logits_are_the_same_bits_at_every_verify_width(stdlib_pair,
     tokens = np.random.default_rng(0).integers(3, 250, size=(3, 68)).astype(np.int32)  # 60 + 8 per sequence
 
     @jax.jit
-    def run(tokens, start, cache):  # tokens [B, T] at positions start.. -> (logits [B, T, V], cache)
+    def forward(params, tokens, start, cache):  # tokens [B, T] at positions start.. -> (logits [B, T, V], cache)
         positions = start + jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-        return specjax.models.forward(cfg, model.params, tokens, positions, cache)
+        return specjax.models.forward(cfg, params, tokens, positions, cache)
+
+    # The params an argument, as generation passes them (closed over, they were constants of
+    # every program: each of the 7 compiles took seconds longer).
+    def run(tokens, start, cache):
+        return forward(model.params, tokens, start, cache)
 
     def prefilled(rows):
         return run(tokens[rows, :60], 0, specjax.models.init_cache(cfg, len(rows), 128))[1]
