@@ -189,6 +189,14 @@ def test_greedy_equals_plain_with_a_chain_draft_and_a_block_head(target, noisy_d
     assert arms["confidence"] == 1 and arms["chain_2"] + arms["chain_4"] > 0, arms
     assert sum(arms.values()) == sum(s[f"verify_width_{w}_rounds"] for w in GREEDY_WIDTHS) == out.stats.target_forwards
 
+    # Chains this dear lose every choice: one call of the loop (specjax.step) runs the
+    # confidence arm's rounds as one segment, not one round per call.
+    schedule = dataclasses.replace(schedule, chain_costs={2: 100.0, 4: 100.0})
+    speculative = specjax.SpeculativeConfig(num_speculative_tokens=4, verify_schedule=schedule)
+    state = specjax.init_state(target, RAGGED_PROMPTS, config, draft=confident, speculative=speculative)
+    state = specjax.step(target, state, draft=confident)
+    assert np.asarray(state.schedule.rounds_per_arm).tolist()[-1] > 2, state.schedule.rounds_per_arm
+
 
 def test_sampling_follows_the_target_end_to_end(pair8):  # noqa: F811
     target, draft = pair8

@@ -183,7 +183,8 @@ def schedule_round(target_params, draft_weights, state: LoopState) -> LoopState:
         for a, k in enumerate(config.chain_ks)
     ]
     if confident:
-        arms.append(lambda s: _confidence_segment(target_params, draft_weights, s, stays(len(arms))))
+        last = len(arms)
+        arms.append(lambda s: _confidence_segment(target_params, draft_weights, s, stays(last)))
     return jax.lax.switch(choose_arm(state.schedule, config, ~state.done, confident), arms, state)
 
 
