@@ -202,15 +202,24 @@ def choose_arm(sched: ScheduleState, config: VerifySchedule, live, confident: bo
     fewer, never better than the chain it verifies). Past rounds only: a chain's value is
     the expected tokens per second of its round from the measured acceptance per position
     in chain rounds, the confidence arm's the tokens per second its own past rounds
-    committed over `confidence_margin`, or infinite before it ran (tried first). Ties go to
-    the shorter chain."""
+    committed, over `confidence_margin`. Untried, the confidence arm is valued at the most
+    it could commit: every draft of K that the chains' rates expect to pass, at the price of
+    its cheapest round (a perfect confidence verifying exactly the drafts that pass would
+    still pay for drafting K). So the chains go first (before any chain round that bound
+    is unknown), and the confidence arm is tried only where even that bound beats the
+    best chain: where a chain is the best it could be, no round is spent exploring. Ties
+    go to the shorter chain."""
     # Chain rounds only: the confidence arm verifies a position when it is likely to pass,
     # so its rounds would overstate the rates a chain, which verifies every position, sees.
     alpha = _rates(sched.chain_hits, sched.chain_tries, config.prior)  # [K]
     expected = jnp.concatenate([jnp.zeros((1,)), jnp.cumsum(jnp.cumprod(alpha))])  # [K + 1]: drafts kept
     ks = np.asarray(config.chain_ks)
-    values = jnp.sum(live) * (1.0 + expected[ks]) / jnp.asarray(config.chain_cost_vector())  # [A - 1]
+    rows = jnp.sum(live)
+    values = rows * (1.0 + expected[ks]) / jnp.asarray(config.chain_cost_vector())  # [A - 1]
     if confident:
-        measured = sched.arm_tokens / jnp.maximum(sched.arm_seconds, 1e-30) / config.confidence_margin
-        values = jnp.append(values, jnp.where(sched.arm_seconds > 0, measured, jnp.inf))
+        bound = rows * (1.0 + expected[-1]) / jnp.min(jnp.asarray(config.cost_vector()))
+        untried = jnp.where(sched.chain_tries[0] > 0, bound, -jnp.inf)
+        measured = sched.arm_tokens / jnp.maximum(sched.arm_seconds, 1e-30)
+        value = jnp.where(sched.arm_seconds > 0, measured, untried) / config.confidence_margin
+        values = jnp.append(values, value)
     return jnp.argmax(values).astype(jnp.int32)
