@@ -42,7 +42,8 @@ class VerifySchedule:
       whichever promises the most committed tokens per second: a chain by the acceptance
       per position measured in chain rounds and `chain_costs`, the confidence arm by the
       tokens per second its own past rounds committed over `confidence_margin` (chains go
-      first; untried, at the most it could commit: schedule_policy.choose_arm). Rounds of one arm run as a segment, one switch per change of arm.
+      first; untried, at the most it could commit: schedule_policy.choose_arm).
+      Rounds of one arm run as a segment, one switch per change of arm.
       Where the confidence does not pay, the rounds are the best static chain's as the
       measured rates and costs rank them. False: every round is the confidence arm's.
     confidence_margin: the confidence arm runs a segment only if its measured tokens per

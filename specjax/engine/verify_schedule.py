@@ -41,7 +41,8 @@ segment of up to ROUNDS_PER_CALL rounds) runs one arm, chosen from past rounds o
 static program itself) or the confidence arm above. A chain is valued by the expected
 tokens per second of its round (the rates measured in chain rounds, `chain_costs`), the
 confidence arm by the tokens per second it committed in its own past rounds (chains go
-first; untried, the confidence arm is valued at the most it could commit). The choice is made again before every round, and the segment ends where it
+first; untried, the confidence arm is valued at the most it could commit).
+The choice is made again before every round, and the segment ends where it
 changes (as adaptive K's runs do): one `lax.switch` per change of arm, so a segment of
 chain rounds costs what the static chain's rounds cost, plus one copy of the loop state
 per change.
