@@ -22,6 +22,7 @@ __all__ = [
     "choose_width",
     "draft_confidence",
     "fold",
+    "gives_confidence",
     "init_schedule",
     "measured_rates",
 ]
@@ -64,12 +65,18 @@ def choose_width(alpha, live, costs, widths, confidence=None, found=None, lookah
     return jnp.argmax(jnp.stack(stops)).astype(jnp.int32)  # the first bucket that stops (the last always does)
 
 
+def gives_confidence(proposal, greedy: bool) -> bool:
+    """Whether draft_confidence has anything for this proposal (its structure only, so an
+    abstract proposal from jax.eval_shape will do)."""
+    return proposal.confidence is not None or (proposal.q is not None and not greedy)
+
+
 def draft_confidence(proposal: Proposal, greedy: bool):
     """[B, K] survival chances that may depend on the drafts, or None: the drafter's own
     confidence, else under sampling q_i(d_i) (under greedy q is one-hot and says nothing)."""
     if proposal.confidence is not None:
         return proposal.confidence.astype(jnp.float32)
-    if proposal.q is None or greedy:
+    if not gives_confidence(proposal, greedy):
         return None
     return jnp.take_along_axis(proposal.q, proposal.tokens[..., None], axis=-1)[..., 0].astype(jnp.float32)
 

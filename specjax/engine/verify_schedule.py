@@ -72,6 +72,7 @@ from specjax.engine.schedule_policy import (
     choose_width,
     draft_confidence,
     fold,
+    gives_confidence,
     measured_rates,
 )
 
@@ -193,7 +194,7 @@ def _has_confidence(target_params, draft_weights, state: LoopState) -> bool:
     """Whether the drafter's proposal carries what the confidence arm reads (trace time: the
     proposal's structure, from an abstract evaluation that adds nothing to the program)."""
     proposal = jax.eval_shape(lambda s: propose(target_params, draft_weights, s)[1], state)
-    return proposal.confidence is not None or (proposal.q is not None and not state.plan.sampling.greedy)
+    return gives_confidence(proposal, state.plan.sampling.greedy)
 
 
 def _chain_segment(k: int, target_params, draft_weights, state: LoopState, stays) -> LoopState:
