@@ -246,13 +246,19 @@ def test_the_arm_is_the_best_chain_unless_the_confidence_measured_better():
     unsure = sched.replace(chain_hits=jnp.full((4,), 20.0), chain_tries=jnp.full((4,), 100.0))
     assert int(choose_arm(unsure, config, live, confident=False)) == 0
     assert int(choose_arm(unsure, config, live, confident=True)) == 0  # at best 1.25 / 1.0 / 1.1: not worth a try
-    slow = unsure.replace(arm_tokens=jnp.asarray(2.0), arm_seconds=jnp.asarray(2.0))  # 1 token/s over 2 rows
+    # arm_row_seconds: 2 s of rounds over 2 live rows each
+    slow = unsure.replace(arm_tokens=jnp.asarray(2.0), arm_row_seconds=jnp.asarray(4.0))  # 1 token/s over 2 rows
     assert int(choose_arm(slow, config, live, confident=True)) == 0
-    fast = unsure.replace(arm_tokens=jnp.asarray(6.0), arm_seconds=jnp.asarray(2.0))  # 3/s beats K = 1's 2.4/s
+    fast = unsure.replace(arm_tokens=jnp.asarray(6.0), arm_row_seconds=jnp.asarray(4.0))  # 3/s beats K = 1's 2.4/s
     assert int(choose_arm(fast, config, live, confident=True)) == 3
-    close = unsure.replace(arm_tokens=jnp.asarray(5.0), arm_seconds=jnp.asarray(2.0))  # 2.5/s, not by the margin
+    close = unsure.replace(arm_tokens=jnp.asarray(5.0), arm_row_seconds=jnp.asarray(4.0))  # 2.5/s, not by the margin
     assert int(choose_arm(close, config, live, confident=True)) == 0
     assert int(choose_arm(close, dataclasses.replace(config, confidence_margin=1.0), live, confident=True)) == 3
+    # Once a row finishes both sides are valued for the one row left: the confidence arm's
+    # rate, measured over two rows, must not beat a chain valued for one
+    one_left = jnp.asarray([True, False])
+    assert int(choose_arm(close, config, one_left, confident=True)) == 0
+    assert int(choose_arm(fast, config, one_left, confident=True)) == 3
     # The rates a chain expects come from chain rounds, not from the confidence arm's
     pooled = unsure.replace(hits=jnp.full((4,), 100.0), tries=jnp.full((4,), 100.0))
     assert int(choose_arm(pooled, config, live, confident=False)) == 0
@@ -291,6 +297,26 @@ def test_runs_of_rounds_are_the_rounds_one_switch_each_would_be(pair8, monkeypat
     used = [runs.stats.drafter[f"verify_width_{w}_rounds"] for w in (1, 2, 4)]
     assert used == [rounds.stats.drafter[f"verify_width_{w}_rounds"] for w in (1, 2, 4)]
     assert sum(u > 0 for u in used) >= 2, used  # the width changed: runs ended and began
+
+
+def test_the_schedule_program_has_no_conditional(pair8):  # noqa: F811
+    """The arms and the runs of one width are while loops gated by the choice, not branches
+    of a conditional: on XLA:CPU a conditional copies every buffer it may write (both target
+    caches, a head's feature buffer) each time it runs, which cost the schedule 2-5 ms per
+    segment at batch 16 (results/verify_schedule section 6). Lowered only, not compiled."""
+    from specjax.engine.generation import run_rounds
+
+    target, draft = pair8
+    weights = as_drafter(draft).weights()
+    costs = {"costs": {1: 1.0, 2: 1.1, 4: 1.3}, "chain_costs": {1: 1.0, 3: 1.2}}
+    for chains in (True, False):
+        schedule = {"widths": [1, 2, 4], "chains": chains, **costs}
+        speculative = specjax.SpeculativeConfig.from_mapping({"num_speculative_tokens": 3, "verify_schedule": schedule})
+        config = specjax.GenerationConfig.at_temperature(1.0, max_new_tokens=8)  # q: the confidence arm runs too
+        state = specjax.init_state(target, [PROMPT, [4, 5]], config, draft=draft, speculative=speculative)
+        text = jax.jit(run_rounds).lower(target.params, weights, state, jnp.int32(4)).as_text()
+        assert "stablehlo.while" in text
+        assert "stablehlo.case" not in text and "stablehlo.if" not in text, f"chains={chains}: a conditional"
 
 
 # --- Configuration --------------------------------------------------------------------------

@@ -95,7 +95,10 @@ class ScheduleState:
     chain_hits: jax.Array  # [K] float32: `hits` of the chain arms' rounds (every position reached is verified)
     chain_tries: jax.Array  # [K] float32: `tries` of the chain arms' rounds
     arm_tokens: jax.Array  # [] float32: forgotten sums of tokens the confidence arm committed (live rows)
-    arm_seconds: jax.Array  # [] float32: forgotten sums of the costs of its rounds (0: never ran)
+    # [] float32: forgotten sums of its rounds' costs times their live rows (0: never ran). Per
+    # row, so that a rate measured while every row was live is not compared, once rows have
+    # finished, with chains valued for the rows still live (it would win every tail).
+    arm_row_seconds: jax.Array
     rounds_per_width: jax.Array  # [n] int32
     rounds_per_arm: jax.Array  # [A] int32: the chains of VerifySchedule.chain_ks, then the confidence arm
     tried_at: jax.Array  # [B, K] int32: rounds that verified draft position i and reached it
@@ -113,7 +116,7 @@ def init_schedule(batch: int, k: int, config: VerifySchedule) -> ScheduleState:
         chain_hits=jnp.zeros((k,), jnp.float32),
         chain_tries=jnp.zeros((k,), jnp.float32),
         arm_tokens=jnp.zeros((), jnp.float32),
-        arm_seconds=jnp.zeros((), jnp.float32),
+        arm_row_seconds=jnp.zeros((), jnp.float32),
         rounds_per_width=jnp.zeros((len(config.widths),), jnp.int32),
         rounds_per_arm=jnp.zeros((len(config.chain_ks) + 1,), jnp.int32),
         tried_at=jnp.zeros((batch, k), jnp.int32),
@@ -197,7 +200,8 @@ def fold(
     committed = jnp.sum((num_accepted + 1) * live)
     return sched.replace(
         arm_tokens=config.decay * sched.arm_tokens + committed,
-        arm_seconds=config.decay * sched.arm_seconds + jnp.asarray(config.cost_vector())[index],
+        arm_row_seconds=config.decay * sched.arm_row_seconds
+        + jnp.asarray(config.cost_vector())[index] * jnp.sum(live),
         rounds_per_arm=sched.rounds_per_arm.at[-1].add(1),
     )
 
@@ -226,7 +230,7 @@ def choose_arm(sched: ScheduleState, config: VerifySchedule, live, confident: bo
     if confident:
         bound = rows * (1.0 + expected[-1]) / jnp.min(jnp.asarray(config.cost_vector()))
         untried = jnp.where(sched.chain_tries[0] > 0, bound, -jnp.inf)
-        measured = sched.arm_tokens / jnp.maximum(sched.arm_seconds, 1e-30)
-        value = jnp.where(sched.arm_seconds > 0, measured, untried) / config.confidence_margin
+        measured = rows * sched.arm_tokens / jnp.maximum(sched.arm_row_seconds, 1e-30)  # per row, times live rows
+        value = jnp.where(sched.arm_row_seconds > 0, measured, untried) / config.confidence_margin
         values = jnp.append(values, value)
     return jnp.argmax(values).astype(jnp.int32)

@@ -1,7 +1,7 @@
 """Confidence-scheduled verification: draft K_MAX every round, verify only the drafts that pay.
 
 Each round the drafter proposes K = K_MAX drafts (the plan's K); then one of a few static
-verify widths w (`VerifySchedule.widths`, each a compiled branch of one `lax.switch`)
+verify widths w (`VerifySchedule.widths`, each compiled as its own while loop)
 verifies the first w - 1 of them with the plan's acceptance rule and commits through the
 chain round's own code (rounds.py `verify_proposal`). Adaptive speculation (adaptive.py)
 chooses K *before* drafting from past rounds; this schedule drafts once and then chooses how
@@ -43,9 +43,10 @@ tokens per second of its round (the rates measured in chain rounds, `chain_costs
 confidence arm by the tokens per second it committed in its own past rounds (chains go
 first; untried, the confidence arm is valued at the most it could commit).
 The choice is made again before every round, and the segment ends where it
-changes (as adaptive K's runs do): one `lax.switch` per change of arm, so a segment of
-chain rounds costs what the static chain's rounds cost, plus one copy of the loop state
-per change.
+changes (as adaptive K's runs do). Each arm is a while loop gated by the choice, the
+loops one after another (no conditional: schedule_round says why), so a segment of chain
+rounds costs what the static chain's rounds cost plus the choice, one small computation
+per round.
 
 The schedule's settings are a `VerifySchedule` (core/verify_widths.py: the config layer may
 read it). Drafters see an ordinary chain round that accepted num_accepted <= w - 1 of its K drafts
@@ -165,11 +166,19 @@ def _verify(j: int, target_params, draft_weights, state: LoopState, drafted: _Dr
 
 def schedule_round(target_params, draft_weights, state: LoopState) -> LoopState:
     """One segment of scheduled rounds: at most ROUNDS_PER_CALL of them, fewer once every row
-    is done (none if it is on entry). With `VerifySchedule.chains` the segment runs one arm,
+    is done (none if it is on entry). With `VerifySchedule.chains` each round runs one arm,
     chosen from past rounds only (choose_arm): a static chain of K = w - 1, or the confidence
     arm, whose every round drafts K and chooses its own verify width (_confidence_segment).
     Each arm's rounds are exact and the choice reads no round it governs, so the output is
-    the target's under greedy and under sampling alike."""
+    the target's under greedy and under sampling alike.
+
+    The arms are not branches of a `lax.switch`: each is a while loop that runs while the
+    choice is its arm, and the loops follow one another (_gated). On XLA:CPU a conditional
+    copies the buffers it may write on every entry (both target caches, a head's feature
+    buffer and cache: ~23 MB, 2-5 ms, per segment at batch 16 on the embedded pair); a
+    while loop that runs no iteration costs one evaluation of its condition and copies
+    nothing. A change to a later arm runs in the same call, one to an earlier arm in the
+    next; the chosen arm's loop runs at least one round, so every call progresses."""
     config = state.plan.verify_schedule
     if len(config.widths) == 1:  # one width (verify_costs.py times exactly one such round)
         return _verify(0, target_params, draft_weights, state, _draft(target_params, draft_weights, state))
@@ -177,17 +186,23 @@ def schedule_round(target_params, draft_weights, state: LoopState) -> LoopState:
         return _confidence_segment(target_params, draft_weights, state)
     confident = _has_confidence(target_params, draft_weights, state)
 
-    def stays(arm: int):  # while the choice, remade before every round, is still `arm`
+    def chosen(arm: int):  # the choice, remade from past rounds before every round, is `arm`
         return lambda s: choose_arm(s.schedule, config, ~s.done, confident) == arm
 
-    arms = [
-        lambda s, a=a, k=k: _chain_segment(k, target_params, draft_weights, s, stays(a))
-        for a, k in enumerate(config.chain_ks)
-    ]
+    carry = (state, jnp.zeros((), jnp.int32))
+    for arm, k in enumerate(config.chain_ks):
+        carry = _chain_segment(k, target_params, draft_weights, carry, chosen(arm))
     if confident:
-        last = len(arms)
-        arms.append(lambda s: _confidence_segment(target_params, draft_weights, s, stays(last)))
-    return jax.lax.switch(choose_arm(state.schedule, config, ~state.done, confident), arms, state)
+        carry = _confidence_segment(target_params, draft_weights, carry[0], chosen(len(config.chain_ks)), carry[1])
+    return carry[0]
+
+
+def _gated(rounds, stays=None) -> jax.Array:
+    """[] bool: another round may run in this call (the budget of ROUNDS_PER_CALL, rows
+    left) and the choice is still this loop's (`stays(state)`, when given)."""
+    s, n = rounds
+    going = ~jnp.all(s.done) & (n < ROUNDS_PER_CALL)
+    return going if stays is None else going & stays(s)
 
 
 def _has_confidence(target_params, draft_weights, state: LoopState) -> bool:
@@ -197,71 +212,78 @@ def _has_confidence(target_params, draft_weights, state: LoopState) -> bool:
     return gives_confidence(proposal, state.plan.sampling.greedy)
 
 
-def _chain_segment(k: int, target_params, draft_weights, state: LoopState, stays) -> LoopState:
+def _chain_segment(k: int, target_params, draft_weights, carry, stays):
     """Chain rounds of K = k (rounds.py's own, the static chain's program), folded into the
-    measured rates, while `stays(state)`; the loop state keeps the schedule's plan while
-    each round runs a chain's."""
-    plan = state.plan
+    measured rates, while `stays(state)` and the call's budget lasts: carry (state, rounds
+    run in this call) -> the same. The loop state keeps the schedule's plan while each round
+    runs a chain's."""
+    plan = carry[0].plan
     config = plan.verify_schedule
     chain = dataclasses.replace(plan, num_speculative_tokens=k, verify_schedule=None)
     index = config.widths.index(k + 1)
 
-    def body_fn(carry):
-        s, rounds = carry
+    def body_fn(c):
+        s, rounds = c
         after = chain_round(target_params, draft_weights, s.replace(plan=chain)).replace(plan=plan)
         num_accepted = jnp.sum(after.accepted_at - s.accepted_at, axis=1)  # [B]
         k_max = plan.num_speculative_tokens
         sched = fold(s.schedule, config, index, num_accepted, ~s.done, None, None, k_max, chain=k)
         return after.replace(schedule=sched), rounds + 1
 
-    def cond_fn(carry):  # the first round always runs: the loop around this call must progress
-        s, rounds = carry
-        return ~jnp.all(s.done) & (rounds < ROUNDS_PER_CALL) & ((rounds == 0) | stays(s))
-
-    return jax.lax.while_loop(cond_fn, body_fn, (state, jnp.zeros((), jnp.int32)))[0]
+    return jax.lax.while_loop(lambda c: _gated(c, stays), body_fn, carry)
 
 
-def _confidence_segment(target_params, draft_weights, state: LoopState, stays=None) -> LoopState:
+def _confidence_segment(target_params, draft_weights, state: LoopState, stays=None, rounds=None):
     """Scheduled rounds, each: draft K, choose the verify width, verify that many drafts and
-    commit; at most ROUNDS_PER_CALL of them, while `stays(state)` (beside chains).
+    commit; while `stays(state)` (beside chains) and the call's budget of ROUNDS_PER_CALL
+    rounds lasts (`rounds`: those already run in this call). Returns the state, or with
+    `stays` (state, rounds).
 
-    One `lax.switch` per run of rounds that choose the same width, not per round: on
-    XLA:CPU a conditional in the loop body copies the loop state (the KV caches, the token
-    buffer, a head's feature buffer) each time it runs, which made a schedule forced to
-    one width up to 45% slower than the static chain of that width at batch 16
-    (results/verify_schedule). Inside a run the rounds are an ordinary while loop, each
-    choosing from its own proposal as a round of its own would: the round after a run's
-    last is drafted (its choice made) inside the run and carried into the next run, so no
-    round is drafted twice within a call and every round splits the keys a lone round
-    would. What the carried round holds of the drafter's state is only what its propose
-    changed (_changed): a draft model's cache, written by propose while the loop state
-    still holds the one before, is still copied every round, the target's caches are not.
+    A round's width is chosen after drafting it, so the round after a run of equal widths
+    is drafted inside that run and carried into the next (_Drafted): no round is drafted
+    twice within a segment and every round splits the keys a lone round would. Runs of one
+    width are while loops that follow one another in width order, gated by the carried
+    round's choice (as the arms in schedule_round, and for the same reason: a `lax.switch`
+    over the widths copied the loop state per run, which made a schedule forced to one
+    width up to 45% slower than that width's static chain at batch 16, results/verify_schedule).
+    A segment ends with the next round drafted and dropped (the next segment drafts it
+    again from the same state, the same round). What the carried round holds of the
+    drafter's state is only what its propose changed (_changed): a draft model's cache,
+    written by propose while the loop state still holds the one before, is still copied
+    every round, the target's caches are not.
     """
     config = state.plan.verify_schedule
-    first = _draft(target_params, draft_weights, state)
+    counted = rounds is not None
+    rounds = jnp.zeros((), jnp.int32) if rounds is None else rounds
 
-    def more(carry) -> jax.Array:
-        s, _, rounds = carry
-        going = ~jnp.all(s.done) & (rounds < ROUNDS_PER_CALL)
-        # The first round always runs (the loop around this call must progress, whatever a
-        # recomputed choice says).
-        return going if stays is None else going & ((rounds == 0) | stays(s))
+    def more(c) -> jax.Array:
+        s, _, n = c
+        return _gated((s, n), stays)
 
     def run_of(j: int):
-        def cond_fn(carry):
-            return more(carry) & (carry[1].index == j)
-
-        def body_fn(carry):
-            s, drafted, rounds = carry
+        def body_fn(c):
+            s, drafted, n = c
             s = _verify(j, target_params, draft_weights, s, drafted)
-            return s, _draft(target_params, draft_weights, s), rounds + 1
+            return s, _draft(target_params, draft_weights, s), n + 1
 
-        return lambda carry: jax.lax.while_loop(cond_fn, body_fn, carry)
+        return lambda c: jax.lax.while_loop(lambda c: more(c) & (c[1].index == j), body_fn, c)
 
-    runs = [run_of(j) for j in range(len(config.widths))]
-    carry = (state, first, jnp.zeros((), jnp.int32))
-    state, _, _ = jax.lax.while_loop(more, lambda c: jax.lax.switch(c[1].index, runs, c), carry)
-    return state
+    def segment(c):  # draft the first round, then the runs of equal widths until the choice or budget ends
+        s, n = c
+        inner = (s, _draft(target_params, draft_weights, s), n)
+
+        def runs(c):
+            for j in range(len(config.widths)):
+                c = run_of(j)(c)
+            return c
+
+        s, _, n = jax.lax.while_loop(more, runs, inner)
+        return s, n
+
+    # The outer loop runs the segment at most once (it ends only when the choice or the budget
+    # does); a loop, not a cond, so that nothing is copied when this arm is not chosen.
+    out = jax.lax.while_loop(lambda c: _gated(c, stays), segment, (state, rounds))
+    return out if counted else out[0]
 
 
 def schedule_stats(stats, state: LoopState, num_rows: int | None):
