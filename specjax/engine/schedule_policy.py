@@ -200,8 +200,7 @@ def fold(
     committed = jnp.sum((num_accepted + 1) * live)
     return sched.replace(
         arm_tokens=config.decay * sched.arm_tokens + committed,
-        arm_row_seconds=config.decay * sched.arm_row_seconds
-        + jnp.asarray(config.cost_vector())[index] * jnp.sum(live),
+        arm_row_seconds=config.decay * sched.arm_row_seconds + jnp.asarray(config.cost_vector())[index] * jnp.sum(live),
         rounds_per_arm=sched.rounds_per_arm.at[-1].add(1),
     )
 
