@@ -178,9 +178,10 @@ def test_greedy_equals_plain_with_a_chain_draft_and_a_block_head(target, noisy_d
         if draft is confident:
             assert used[1] > 0 and used[5] > 0, used  # the confidence moved the width
 
-    # Segments of static chains beside the confidence arm: a chain goes first, then the
-    # confidence arm (what it could commit beats these chains' costs), so both arms run.
-    schedule = dataclasses.replace(schedule, chains=True, chain_costs={2: 1.3, 4: 1.5})
+    # Segments of static chains beside the confidence arm: a chain goes first (the widest,
+    # as the other is dear), then the confidence arm (on that chain's rounds it would have
+    # committed more per second), so both arms run.
+    schedule = dataclasses.replace(schedule, chains=True, chain_costs={2: 100.0, 4: 3.0})
     speculative = specjax.SpeculativeConfig(num_speculative_tokens=4, verify_schedule=schedule)
     out = specjax.generate(target, RAGGED_PROMPTS, config, draft=confident, speculative=speculative)
     assert out.tokens == expected
@@ -214,12 +215,13 @@ def test_sampling_follows_the_target_end_to_end(pair8):  # noqa: F811
 
 def test_segments_of_chains_and_confidence_follow_the_target(pair8):  # noqa: F811
     """Under sampling each segment's arm is chosen from past rounds only, so a token is the
-    target's whichever arm drew it: here the first round is a chain's (chains go first) and
-    the second the confidence arm's (what it could commit beats these chains' costs)."""
+    target's whichever arm drew it: here the first round is the widest chain's (the other is
+    dear) and the second the confidence arm's (on the first round it would have committed
+    more per second than the chains)."""
     target, draft = pair8
     expected = _exact_joint(target, SamplingConfig(temperature=1.0))
     config = specjax.GenerationConfig.at_temperature(1.0, max_new_tokens=2, seed=11)
-    schedule = {"widths": [1, 2, 4], "costs": {1: 1.0, 2: 1.07, 4: 1.9}, "chain_costs": {1: 1.5, 3: 2.5}}
+    schedule = {"widths": [1, 2, 4], "costs": {1: 0.5, 2: 0.55, 4: 0.95}, "chain_costs": {1: 100.0, 3: 1.2}}
     speculative = specjax.SpeculativeConfig.from_mapping({"num_speculative_tokens": 3, "verify_schedule": schedule})
     out = specjax.generate(target, [PROMPT] * (SAMPLES // 2), config, draft=draft, speculative=speculative)
     tokens = np.asarray(out.tokens)
@@ -229,10 +231,12 @@ def test_segments_of_chains_and_confidence_follow_the_target(pair8):  # noqa: F8
 
 
 def test_the_arm_is_the_best_chain_unless_the_confidence_measured_better():
-    """choose_arm from history: chains first, an untried confidence arm where even the most
-    it could commit beats the best chain, then the larger of its measured tokens per second
-    (over the margin) and each chain's expected tokens per second."""
-    from specjax.engine.schedule_policy import choose_arm, init_schedule
+    """choose_arm from history: the chain that finishes the batch soonest (the slowest row
+    decides, not the mean); the confidence arm only when, on the widest chain's rounds, it
+    would have committed more per second than every chain by the margin, with the widest
+    chain run first where the confidence could at best win, and again to renew the
+    comparison."""
+    from specjax.engine.schedule_policy import REFRESH_ROUNDS, choose_arm, init_schedule
 
     config = VerifySchedule(widths=(1, 2, 3, 5), chain_costs={1: 1.0, 2: 1.2, 4: 1.6}).resolved(4)  # widths 1.0-1.4
     live = jnp.ones((2,), bool)
@@ -241,27 +245,65 @@ def test_the_arm_is_the_best_chain_unless_the_confidence_measured_better():
     # Rates 0.9: K = 4 expects 4.10 tokens / 1.6 = 2.56 per row, beating K = 2 (2.71 / 1.2 = 2.26)
     sure = sched.replace(chain_hits=jnp.full((4,), 90.0), chain_tries=jnp.full((4,), 100.0))
     assert int(choose_arm(sure, config, live, confident=False)) == 2
-    assert int(choose_arm(sure, config, live, confident=True)) == 3  # untried: at best 4.10 / 1.0 / 1.1 per row
     # Rates 0.2: K = 1 (1.2 / 1.0) beats K = 2 (1.24 / 1.2) and K = 4
     unsure = sched.replace(chain_hits=jnp.full((4,), 20.0), chain_tries=jnp.full((4,), 100.0))
     assert int(choose_arm(unsure, config, live, confident=False)) == 0
-    assert int(choose_arm(unsure, config, live, confident=True)) == 0  # at best 1.25 / 1.0 / 1.1: not worth a try
-    # arm_row_seconds: 2 s of rounds over 2 live rows each
-    slow = unsure.replace(arm_tokens=jnp.asarray(2.0), arm_row_seconds=jnp.asarray(4.0))  # 1 token/s over 2 rows
-    assert int(choose_arm(slow, config, live, confident=True)) == 0
-    fast = unsure.replace(arm_tokens=jnp.asarray(6.0), arm_row_seconds=jnp.asarray(4.0))  # 3/s beats K = 1's 2.4/s
-    assert int(choose_arm(fast, config, live, confident=True)) == 3
-    close = unsure.replace(arm_tokens=jnp.asarray(5.0), arm_row_seconds=jnp.asarray(4.0))  # 2.5/s, not by the margin
-    assert int(choose_arm(close, config, live, confident=True)) == 0
-    assert int(choose_arm(close, dataclasses.replace(config, confidence_margin=1.0), live, confident=True)) == 3
-    # Once a row finishes both sides are valued for the one row left: the confidence arm's
-    # rate, measured over two rows, must not beat a chain valued for one
-    one_left = jnp.asarray([True, False])
-    assert int(choose_arm(close, config, one_left, confident=True)) == 0
-    assert int(choose_arm(fast, config, one_left, confident=True)) == 3
+    # Unjudged: the widest chain runs where the confidence could at best beat every chain
+    # (4.10 / 1.0 = 4.1 against 2.56 by more than the margin), not where it could not (1.25 / 1.0)
+    assert int(choose_arm(sure, config, live, confident=True)) == 2
+    assert int(choose_arm(unsure, config, live, confident=True)) == 0
+
+    def judged(*rates, since=0):  # tokens per second of [K = 1, 2, 4, confidence] on the same rounds
+        return unsure.replace(
+            same_tokens=jnp.asarray(rates, jnp.float32), same_seconds=jnp.ones((4,)), since_full=jnp.asarray(since)
+        )
+
+    assert int(choose_arm(judged(1.2, 1.1, 1.0, 1.5), config, live, confident=True)) == 3  # 1.5 > 1.2 * 1.1
+    assert int(choose_arm(judged(1.2, 1.1, 1.0, 1.3), config, live, confident=True)) == 0  # not by the margin
+    assert int(choose_arm(judged(1.2, 1.4, 1.0, 1.5), config, live, confident=True)) == 0  # K = 2 was better there
+    m1 = dataclasses.replace(config, confidence_margin=1.0)
+    assert int(choose_arm(judged(1.2, 1.1, 1.0, 1.3), m1, live, confident=True)) == 3
+    renew = judged(1.2, 1.1, 1.0, 1.5, since=REFRESH_ROUNDS)
+    assert int(choose_arm(renew, config, live, confident=True)) == 2  # the widest chain renews the comparison
+    assert int(choose_arm(renew, config, live, confident=False)) == 0
+
     # The rates a chain expects come from chain rounds, not from the confidence arm's
     pooled = unsure.replace(hits=jnp.full((4,), 100.0), tries=jnp.full((4,), 100.0))
     assert int(choose_arm(pooled, config, live, confident=False)) == 0
+    # Rows that differ: row 0 keeps 0.95 per position, row 1 0.3. The pooled mean (0.625)
+    # would pick K = 2 (2.015 / 1.2 = 1.68 against K = 1's 1.625), but the batch finishes
+    # with row 1, for which K = 1 is best (1.3 against 1.16); with row 1 done, or far
+    # ahead, row 0 decides, and K = 4 is its best (4.52 / 1.6 = 2.83).
+    rows = sched.replace(
+        chain_hits=jnp.full((4,), 125.0),
+        chain_tries=jnp.full((4,), 200.0),
+        row_hits=jnp.asarray([[95.0] * 4, [30.0] * 4]),
+        row_tries=jnp.full((2, 4), 100.0),
+    )
+    assert int(choose_arm(rows, config, live, confident=False, remaining=None)) == 0
+    assert int(choose_arm(rows, config, jnp.asarray([True, False]), confident=False)) == 2
+    assert int(choose_arm(rows, config, live, confident=False, remaining=jnp.asarray([60, 10]))) == 2
+    assert int(choose_arm(rows, config, live, confident=False, remaining=jnp.asarray([10, 60]))) == 0
+
+
+def test_the_widest_chain_says_what_every_arm_would_have_committed():
+    """fold's counterfactual: a round of the widest chain (K = 4) that accepted 3 and 0
+    drafts in its two rows, where the confidence would have verified 1 draft (width 2)."""
+    from specjax.engine.schedule_policy import fold, init_schedule
+
+    config = VerifySchedule(widths=(1, 2, 3, 5), chain_costs={1: 1.0, 2: 1.2, 4: 1.6}).resolved(4)
+    sched = init_schedule(2, 4, config).replace(since_full=jnp.asarray(5))
+    after = fold(sched, config, 3, jnp.asarray([3, 0]), jnp.ones((2,), bool), None, None, 4, 4, jnp.asarray(1))
+    # kept: K = 1 -> 1 + 0, K = 2 -> 2 + 0, K = 4 -> 3 + 0, confidence (1 draft) -> 1 + 0; plus a token per row
+    np.testing.assert_allclose(after.same_tokens, [3.0, 4.0, 5.0, 3.0])
+    costs = [*config.chain_cost_vector(), config.cost_vector()[1]]
+    np.testing.assert_allclose(after.same_seconds, 2 * np.asarray(costs), rtol=1e-6)
+    assert int(after.since_full) == 0 and int(after.rounds_per_arm[2]) == 1
+    other = fold(
+        after, config, 1, jnp.asarray([1, 0]), jnp.ones((2,), bool), None, None, 4, 1
+    )  # K = 1: no counterfactual
+    np.testing.assert_allclose(other.same_tokens, after.same_tokens)
+    assert int(other.since_full) == 1
 
 
 def test_runs_of_rounds_are_the_rounds_one_switch_each_would_be(pair8, monkeypatch):  # noqa: F811

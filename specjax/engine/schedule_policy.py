@@ -94,11 +94,16 @@ class ScheduleState:
     said_hits: jax.Array  # [K] float32: `hits` of the rounds that had a confidence (calibration)
     chain_hits: jax.Array  # [K] float32: `hits` of the chain arms' rounds (every position reached is verified)
     chain_tries: jax.Array  # [K] float32: `tries` of the chain arms' rounds
-    arm_tokens: jax.Array  # [] float32: forgotten sums of tokens the confidence arm committed (live rows)
-    # [] float32: forgotten sums of its rounds' costs times their live rows (0: never ran). Per
-    # row, so that a rate measured while every row was live is not compared, once rows have
-    # finished, with chains valued for the rows still live (it would win every tail).
-    arm_row_seconds: jax.Array
+    row_hits: jax.Array  # [B, K] float32: `chain_hits` per row
+    row_tries: jax.Array  # [B, K] float32: `chain_tries` per row
+    # [A] float32: forgotten sums, over the widest chain's rounds when the drafter gives a
+    # confidence, of the tokens each arm (the chains, then the confidence arm) would have
+    # committed in that same round (exact under greedy: that chain verified every draft), and
+    # [A]: of the costs of those arms' rounds times the live rows. The confidence arm is
+    # judged against the chains on the same rounds (choose_arm).
+    same_tokens: jax.Array
+    same_seconds: jax.Array
+    since_full: jax.Array  # [] int32: rounds since the widest chain's last round
     rounds_per_width: jax.Array  # [n] int32
     rounds_per_arm: jax.Array  # [A] int32: the chains of VerifySchedule.chain_ks, then the confidence arm
     tried_at: jax.Array  # [B, K] int32: rounds that verified draft position i and reached it
@@ -115,8 +120,11 @@ def init_schedule(batch: int, k: int, config: VerifySchedule) -> ScheduleState:
         said_hits=jnp.zeros((k,), jnp.float32),
         chain_hits=jnp.zeros((k,), jnp.float32),
         chain_tries=jnp.zeros((k,), jnp.float32),
-        arm_tokens=jnp.zeros((), jnp.float32),
-        arm_row_seconds=jnp.zeros((), jnp.float32),
+        row_hits=jnp.zeros((batch, k), jnp.float32),
+        row_tries=jnp.zeros((batch, k), jnp.float32),
+        same_tokens=jnp.zeros((len(config.chain_ks) + 1,), jnp.float32),
+        same_seconds=jnp.zeros((len(config.chain_ks) + 1,), jnp.float32),
+        since_full=jnp.zeros((), jnp.int32),
         rounds_per_width=jnp.zeros((len(config.widths),), jnp.int32),
         rounds_per_arm=jnp.zeros((len(config.chain_ks) + 1,), jnp.int32),
         tried_at=jnp.zeros((batch, k), jnp.int32),
@@ -163,13 +171,17 @@ def fold(
     confidence,
     k: int,
     chain: int | None = None,
+    counterfactual=None,
 ) -> ScheduleState:
     """The state after a round of width widths[index] that accepted num_accepted [B] drafts in
     the live [B] rows, with the drafts' raw confidence [B, K] (or None): a round of the
     chain arm of K = `chain` (drafted `chain` per row), or with chain None a round of the
-    confidence arm (drafted K), which also feeds that arm's committed tokens per second
-    (what choose_arm reads of it). The measured rates learn only from rows that had a
-    proposal (found [B] or None), as they are applied only to those."""
+    confidence arm (drafted K). `counterfactual` ([] int32 index into widths, or None): the
+    width the confidence arm would have chosen for this round, given for the widest chain's
+    rounds when the drafter gives a confidence; every arm's tokens in this round are then
+    added to the same-round sums choose_arm judges the confidence arm by. The measured rates
+    learn only from rows that had a proposal (found [B] or None), as they are applied only to
+    those."""
     width = jnp.asarray(config.widths)[index]
     i = jnp.arange(k)[None, :]
     tried = (i < width - 1) & (num_accepted[:, None] >= i) & live[:, None]  # [B, K]
@@ -185,51 +197,95 @@ def fold(
         verified=sched.verified + (width - 1) * live.astype(jnp.int32),
         proposed=sched.proposed + (k if chain is None else chain) * live.astype(jnp.int32),
         narrow_run=jnp.where(width == 1, sched.narrow_run + 1, 0).astype(jnp.int32),
+        since_full=sched.since_full + 1,
     )
     if confidence is not None:
         sched = sched.replace(
             said=decay * sched.said + jnp.sum(tried * evidence * confidence, axis=0),
             said_hits=decay * sched.said_hits + hits,
         )
-    if chain is not None:
-        return sched.replace(
-            chain_hits=config.decay * sched.chain_hits + hits,
-            chain_tries=config.decay * sched.chain_tries + jnp.sum(tried * evidence, axis=0),
-            rounds_per_arm=sched.rounds_per_arm.at[config.chain_ks.index(chain)].add(1),
-        )
-    committed = jnp.sum((num_accepted + 1) * live)
+    if chain is None:
+        return sched.replace(rounds_per_arm=sched.rounds_per_arm.at[-1].add(1))
+    row_hits, row_tries = hit * evidence, tried * evidence  # [B, K]
+    sched = sched.replace(
+        chain_hits=config.decay * sched.chain_hits + hits,
+        chain_tries=config.decay * sched.chain_tries + jnp.sum(row_tries, axis=0),
+        row_hits=config.decay * sched.row_hits + row_hits,
+        row_tries=config.decay * sched.row_tries + row_tries,
+        rounds_per_arm=sched.rounds_per_arm.at[config.chain_ks.index(chain)].add(1),
+    )
+    if counterfactual is None:
+        return sched
+    # Every arm's drafts kept in this round: a chain of K keeps min(accepted, K) (this round
+    # verified more, so its count is known), the confidence arm min(accepted, its width - 1).
+    kept = jnp.asarray([*config.chain_ks, 0]).at[-1].set(jnp.asarray(config.widths)[counterfactual] - 1)  # [A]
+    tokens = jnp.sum(live[:, None] * (1 + jnp.minimum(num_accepted[:, None], kept[None, :])), axis=0)  # [A]
+    costs = jnp.append(jnp.asarray(config.chain_cost_vector()), jnp.asarray(config.cost_vector())[counterfactual])
     return sched.replace(
-        arm_tokens=config.decay * sched.arm_tokens + committed,
-        arm_row_seconds=config.decay * sched.arm_row_seconds + jnp.asarray(config.cost_vector())[index] * jnp.sum(live),
-        rounds_per_arm=sched.rounds_per_arm.at[-1].add(1),
+        same_tokens=config.decay * sched.same_tokens + tokens,
+        same_seconds=config.decay * sched.same_seconds + costs * jnp.sum(live),
+        since_full=jnp.zeros((), jnp.int32),
     )
 
 
-def choose_arm(sched: ScheduleState, config: VerifySchedule, live, confident: bool) -> jax.Array:
+# How many rounds of the batch's pooled evidence a row's own rates start from: a row's
+# estimate is its own chain rounds' hits and tries plus this many rounds at the pooled rates.
+ROW_PRIOR_ROUNDS = 2.0
+# Rounds the confidence arm may run before the widest chain runs one to renew the comparison.
+REFRESH_ROUNDS = 8
+
+
+def choose_arm(sched: ScheduleState, config: VerifySchedule, live, confident: bool, remaining=None) -> jax.Array:
     """[] int32: the arm of the next segment, an index into chain_ks, or len(chain_ks) for the
     confidence arm (only when `confident`: the drafter gives a confidence, or samples with
     q; under greedy without one the confidence arm is a chain that drafts K and verifies
-    fewer, never better than the chain it verifies). Past rounds only: a chain's value is
-    the expected tokens per second of its round from the measured acceptance per position
-    in chain rounds, the confidence arm's the tokens per second its own past rounds
-    committed, over `confidence_margin`. Untried, the confidence arm is valued at the most
-    it could commit: every draft of K that the chains' rates expect to pass, at the price of
-    its cheapest round (a perfect confidence verifying exactly the drafts that pass would
-    still pay for drafting K). So the chains go first (before any chain round that bound
-    is unknown), and the confidence arm is tried only where even that bound beats the
-    best chain: where a chain is the best it could be, no round is spent exploring. Ties
-    go to the shorter chain."""
-    # Chain rounds only: the confidence arm verifies a position when it is likely to pass,
-    # so its rounds would overstate the rates a chain, which verifies every position, sees.
-    alpha = _rates(sched.chain_hits, sched.chain_tries, config.prior)  # [K]
-    expected = jnp.concatenate([jnp.zeros((1,)), jnp.cumsum(jnp.cumprod(alpha))])  # [K + 1]: drafts kept
+    fewer, never better than the chain it verifies). Past rounds only.
+
+    The chain: the one that would finish the batch soonest if it ran every round from here.
+    A batch is done when its last row is, and a round costs the same however many rows gain
+    from it, so what a chain is worth is how fast it moves the rows that will finish last,
+    not the batch's mean (at batch 16 with the embedded DSpark head, K = 2 keeps 27% more
+    tokens per row-round than K = 1 but finishes the batch 17% later: its slowest rows gain
+    little). With `remaining` [B] (tokens each row may still write; None: equal) a chain's
+    finish is max over live rows of remaining_b * cost(K) / (1 + E_b[K]), E_b the drafts row b
+    is expected to keep, from its acceptance per position in chain rounds (the confidence
+    arm's rounds would overstate it: they verify a position when it is likely to pass),
+    shrunk to the batch's pooled rates by ROW_PRIOR_ROUNDS.
+
+    The confidence arm: judged on the widest chain's rounds, against the chains on those
+    same rounds. That chain drafts what the confidence arm drafts and verifies all of it, so
+    each of its rounds says what every arm would have committed there (fold's
+    `counterfactual`): the confidence arm runs only if its tokens per second over those
+    rounds beat every chain's over the same rounds by `confidence_margin`. Comparing arms on
+    rounds of their own would compare different stretches of text (acceptance drifts within
+    a generation: whichever arm ran where the text was easy would look better). With no
+    such round yet, the widest chain runs first if the most the confidence arm could commit
+    (every draft of K the chains' rates expect to pass, at the price of its cheapest round)
+    beats every chain by the margin; and once the confidence arm has run REFRESH_ROUNDS
+    rounds since the widest chain last did, the widest chain runs one round to renew the
+    comparison. Where a chain is the best the confidence could ever be, no round is spent
+    exploring.
+    Ties go to the shorter chain, then to the chains."""
+    alpha = _rates(sched.chain_hits, sched.chain_tries, config.prior)  # [K], pooled over rows
+    own = (sched.row_hits + ROW_PRIOR_ROUNDS * alpha) / (sched.row_tries + ROW_PRIOR_ROUNDS)  # [B, K]
+    kept = jnp.concatenate([jnp.zeros_like(own[:, :1]), jnp.cumsum(jnp.cumprod(own, axis=1), axis=1)], axis=1)
     ks = np.asarray(config.chain_ks)
-    rows = jnp.sum(live)
-    values = rows * (1.0 + expected[ks]) / jnp.asarray(config.chain_cost_vector())  # [A - 1]
-    if confident:
-        bound = rows * (1.0 + expected[-1]) / jnp.min(jnp.asarray(config.cost_vector()))
-        untried = jnp.where(sched.chain_tries[0] > 0, bound, -jnp.inf)
-        measured = rows * sched.arm_tokens / jnp.maximum(sched.arm_row_seconds, 1e-30)  # per row, times live rows
-        value = jnp.where(sched.arm_row_seconds > 0, measured, untried) / config.confidence_margin
-        values = jnp.append(values, value)
-    return jnp.argmax(values).astype(jnp.int32)
+    left = jnp.ones(live.shape, jnp.float32) if remaining is None else remaining.astype(jnp.float32)  # [B]
+
+    def finish(rate):  # rate [B, n] tokens per second per row -> [n] seconds until the last live row is done
+        return jnp.max(jnp.where(live[:, None], left[:, None] / rate, 0.0), axis=0)
+
+    chain_costs = jnp.asarray(config.chain_cost_vector())  # [A - 1]
+    best = jnp.argmin(finish((1.0 + kept[:, ks]) / chain_costs))
+    if not confident:
+        return best.astype(jnp.int32)
+    expected = jnp.concatenate([jnp.zeros((1,)), jnp.cumsum(jnp.cumprod(alpha))])  # [K + 1]: drafts kept, pooled
+    chains = jnp.max((1.0 + expected[ks]) / chain_costs)  # the best chain's tokens per second per row, pooled
+    bound = (1.0 + expected[-1]) / jnp.min(jnp.asarray(config.cost_vector()))
+    hopeful = (sched.chain_tries[0] > 0) & (bound > chains * config.confidence_margin)
+    rates = sched.same_tokens / jnp.maximum(sched.same_seconds, 1e-30)  # [A]: each arm on the same rounds
+    judged = sched.same_seconds[-1] > 0
+    wins = judged & (rates[-1] > jnp.max(rates[:-1]) * config.confidence_margin)
+    full = len(ks) - 1  # the widest chain
+    arm = jnp.where(wins, jnp.where(sched.since_full >= REFRESH_ROUNDS, full, len(ks)), best)
+    return jnp.where(~judged & hopeful, full, arm).astype(jnp.int32)

@@ -144,8 +144,9 @@ def _proposed_state(state: LoopState, drafted: _Drafted):
     return jax.tree.unflatten(tree, [a if c is None else c for a, c in zip(leaves, changed, strict=True)])
 
 
-def _verify(j: int, target_params, draft_weights, state: LoopState, drafted: _Drafted) -> LoopState:
-    """Verify the first widths[j] - 1 of the drafts drafted from `state` and commit."""
+def _commit(j: int, target_params, draft_weights, state: LoopState, drafted: _Drafted):
+    """Verify the first widths[j] - 1 of the drafts drafted from `state` and commit: (the
+    state, the schedule not yet folded; drafts accepted per row [B])."""
     config = state.plan.verify_schedule
     w = config.widths[j]
     proposal = drafted.proposal
@@ -158,7 +159,15 @@ def _verify(j: int, target_params, draft_weights, state: LoopState, drafted: _Dr
     after = verify_proposal(
         target_params, draft_weights, state, ctx, cut, _proposed_state(state, drafted), drafted.rng, drafted.accept_key
     )
-    num_accepted = jnp.sum(after.accepted_at - state.accepted_at, axis=1)  # [B]
+    return after, jnp.sum(after.accepted_at - state.accepted_at, axis=1)  # [B]
+
+
+def _verify(j: int, target_params, draft_weights, state: LoopState, drafted: _Drafted) -> LoopState:
+    """A round of the confidence arm: verify the first widths[j] - 1 of the drafts drafted
+    from `state`, commit, and fold it into the schedule."""
+    config = state.plan.verify_schedule
+    after, num_accepted = _commit(j, target_params, draft_weights, state, drafted)
+    proposal = drafted.proposal
     k = state.plan.num_speculative_tokens
     sched = fold(state.schedule, config, j, num_accepted, ~state.done, proposal.found, drafted.confidence, k)
     return after.replace(schedule=sched)
@@ -187,14 +196,20 @@ def schedule_round(target_params, draft_weights, state: LoopState) -> LoopState:
     confident = _has_confidence(target_params, draft_weights, state)
 
     def chosen(arm: int):  # the choice, remade from past rounds before every round, is `arm`
-        return lambda s: choose_arm(s.schedule, config, ~s.done, confident) == arm
+        return lambda s: choose_arm(s.schedule, config, ~s.done, confident, _remaining(s)) == arm
 
     carry = (state, jnp.zeros((), jnp.int32))
     for arm, k in enumerate(config.chain_ks):
-        carry = _chain_segment(k, target_params, draft_weights, carry, chosen(arm))
+        full = confident and arm == len(config.chain_ks) - 1
+        carry = _chain_segment(k, target_params, draft_weights, carry, chosen(arm), full)
     if confident:
         carry = _confidence_segment(target_params, draft_weights, carry[0], chosen(len(config.chain_ks)), carry[1])
     return carry[0]
+
+
+def _remaining(state: LoopState) -> jax.Array:
+    """[B] int32: the tokens each row may still write (EOS may end it sooner)."""
+    return state.max_new_tokens - (state.lengths - state.prompt_lengths)
 
 
 def _gated(rounds, stays=None) -> jax.Array:
@@ -212,22 +227,36 @@ def _has_confidence(target_params, draft_weights, state: LoopState) -> bool:
     return gives_confidence(proposal, state.plan.sampling.greedy)
 
 
-def _chain_segment(k: int, target_params, draft_weights, carry, stays):
+def _chain_segment(k: int, target_params, draft_weights, carry, stays, full: bool = False):
     """Chain rounds of K = k (rounds.py's own, the static chain's program), folded into the
     measured rates, while `stays(state)` and the call's budget lasts: carry (state, rounds
     run in this call) -> the same. The loop state keeps the schedule's plan while each round
-    runs a chain's."""
+    runs a chain's.
+
+    full: the widest chain beside a confidence arm. Its rounds draft as the confidence arm
+    does (K drafts, the width the confidence would choose computed and kept) and verify the
+    widest width, so each also says what the confidence arm would have committed in it
+    (fold's `counterfactual`). With widths up to K + 1, as by default, that is the static
+    chain of K's round plus the choice."""
     plan = carry[0].plan
     config = plan.verify_schedule
     chain = dataclasses.replace(plan, num_speculative_tokens=k, verify_schedule=None)
     index = config.widths.index(k + 1)
+    k_max = plan.num_speculative_tokens
 
     def body_fn(c):
         s, rounds = c
-        after = chain_round(target_params, draft_weights, s.replace(plan=chain)).replace(plan=plan)
-        num_accepted = jnp.sum(after.accepted_at - s.accepted_at, axis=1)  # [B]
-        k_max = plan.num_speculative_tokens
-        sched = fold(s.schedule, config, index, num_accepted, ~s.done, None, None, k_max, chain=k)
+        if full:
+            drafted = _draft(target_params, draft_weights, s)
+            after, num_accepted = _commit(index, target_params, draft_weights, s, drafted)
+            # Every draft it reached is verified: an unbiased sample for the calibration too
+            found, confidence, counterfactual = drafted.proposal.found, drafted.confidence, drafted.index
+        else:
+            after = chain_round(target_params, draft_weights, s.replace(plan=chain)).replace(plan=plan)
+            num_accepted = jnp.sum(after.accepted_at - s.accepted_at, axis=1)  # [B]
+            found, confidence, counterfactual = None, None, None
+        live = ~s.done
+        sched = fold(s.schedule, config, index, num_accepted, live, found, confidence, k_max, k, counterfactual)
         return after.replace(schedule=sched), rounds + 1
 
     return jax.lax.while_loop(lambda c: _gated(c, stays), body_fn, carry)
