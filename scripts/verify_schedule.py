@@ -56,7 +56,6 @@ def main() -> None:
         prompts = [pool[i % len(pool)] for i in range(batch)]
         for t in args.temperature:
             config = specjax.GenerationConfig.at_temperature(t, max_new_tokens=args.new, ignore_eos=True)
-            costs = measure_verify_costs(target, draft, batch, args.k, context=256, sampling=config.sampling)
             calls = {
                 f"static K={k}": specjax.prepare(
                     target,
@@ -67,8 +66,12 @@ def main() -> None:
                 )
                 for k in (1, 2, args.k)
             }
+            # The costs at the generation's own cache length, as `costs: measure` takes them
+            # (attention reads every slot: a longer cache dilutes the differences between widths).
+            context = calls[f"static K={args.k}"].cache_length
+            costs = measure_verify_costs(target, draft, batch, args.k, context=context, sampling=config.sampling)
             ks = specjax.VerifySchedule().resolved(args.k).chain_ks
-            chain_costs = measure_chain_costs(target, draft, batch, ks, context=256, sampling=config.sampling)
+            chain_costs = measure_chain_costs(target, draft, batch, ks, context=context, sampling=config.sampling)
             schedules = {
                 "schedule": specjax.VerifySchedule(costs=costs, chain_costs=chain_costs),
                 "confidence only": specjax.VerifySchedule(costs=costs, chains=False),
@@ -91,6 +94,7 @@ def main() -> None:
                     "mean_acceptance_length": s.mean_acceptance_length,
                 }
                 if name in schedules:
+                    row["cost_context"] = context
                     row["costs_ms"] = {w: round(1e3 * c, 3) for w, c in costs.items()}
                     row["chain_costs_ms"] = {k: round(1e3 * c, 3) for k, c in chain_costs.items()}
                     row["rounds_per_width"] = {

@@ -38,18 +38,19 @@ class VerifySchedule:
       (or a confidence that reads the drafts) it biases the output. False: bucket by bucket.
     chains: also run static chains. Before every round one arm is chosen from past rounds
       only: a static chain of K = w - 1 (each width w > 1: draft w - 1, verify them all) or
-      the confidence arm (draft K, choose the round's width from its drafts, as above),
-      whichever promises the most committed tokens per second: a chain by the acceptance
-      per position measured in chain rounds and `chain_costs`, the confidence arm by the
-      tokens per second its own past rounds committed over `confidence_margin` (chains go
-      first; untried, at the most it could commit: schedule_policy.choose_arm).
-      Rounds of one arm run as a segment, one switch per change of arm.
-      Where the confidence does not pay, the rounds are the best static chain's as the
-      measured rates and costs rank them. False: every round is the confidence arm's.
-    confidence_margin: the confidence arm runs a segment only if its measured tokens per
+      the confidence arm (draft K, choose the round's width from its drafts, as above). The
+      chain is the one that would finish the batch soonest (each row's acceptance per
+      position in chain rounds and `chain_costs`: the slowest row decides); the confidence
+      arm runs only where, on the widest chain's rounds (which draft what it drafts and
+      verify everything), it would have committed more per second than every chain by
+      `confidence_margin` (schedule_policy.choose_arm). Each arm is a while loop gated by
+      the choice (no conditional: nothing is copied when the arm changes). Where the
+      confidence does not pay, the rounds are the best static chain's as the measured rates
+      and costs rank them. False: every round is the confidence arm's.
+    confidence_margin: the confidence arm runs only if, on the same rounds, its tokens per
       second beat every chain's by this factor: its costs are timed one width at a time,
-      without the choosing and the switches between runs of widths, which cost it 4-13%
-      more than the static chain of the same width (results/verify_schedule).
+      without the choosing and the runs of widths, which cost it 4-13% more than the
+      static chain of the same width (results/verify_schedule).
     chain_costs: {K: seconds of one chain round of K} (a chain of K drafts only K, so it
       costs less than the confidence arm's round at width K + 1). None: the width costs
       (`costs`, or the fallback) at K + 1. `costs="measure"` measures these too.

@@ -35,18 +35,18 @@ The measured rates and `found` depend on committed tokens only, so they may be r
 
 Segments and static chains (`VerifySchedule.chains`, on by default). The confidence pays
 only when it tells rounds apart; where it does not, drafting K and verifying fewer loses
-to the static chain that drafts only what it verifies. So each call of the loop (a
-segment of up to ROUNDS_PER_CALL rounds) runs one arm, chosen from past rounds only
-(choose_arm): a static chain of K = w - 1 for a width w > 1 (rounds.py's chain round, the
-static program itself) or the confidence arm above. A chain is valued by the expected
-tokens per second of its round (the rates measured in chain rounds, `chain_costs`), the
-confidence arm by the tokens per second it committed in its own past rounds (chains go
-first; untried, the confidence arm is valued at the most it could commit).
-The choice is made again before every round, and the segment ends where it
-changes (as adaptive K's runs do). Each arm is a while loop gated by the choice, the
-loops one after another (no conditional: schedule_round says why), so a segment of chain
-rounds costs what the static chain's rounds cost plus the choice, one small computation
-per round.
+to the static chain that drafts only what it verifies. So every round runs one arm,
+chosen from past rounds only (choose_arm): a static chain of K = w - 1 for a width w > 1
+(rounds.py's chain round, the static program itself) or the confidence arm above. The
+chain is the one that would finish the batch soonest (each row's rates measured in chain
+rounds, `chain_costs`: the slowest row decides); the confidence arm runs only where, on
+the widest chain's rounds, it would have committed more per second than every chain
+(that chain drafts what it drafts and verifies everything, so its rounds say what each
+arm would have kept: fold's counterfactual). The rounds of one call of the loop (at most
+ROUNDS_PER_CALL) run as segments, one per run of equal choices. Each arm is a while loop
+gated by the choice, the loops one after another (no conditional: schedule_round says
+why), so a segment of chain rounds costs what the static chain's rounds cost plus the
+choice, one small computation per round.
 
 The schedule's settings are a `VerifySchedule` (core/verify_widths.py: the config layer may
 read it). Drafters see an ordinary chain round that accepted num_accepted <= w - 1 of its K drafts
