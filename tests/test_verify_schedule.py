@@ -241,7 +241,7 @@ def test_the_arm_is_the_best_chain_unless_the_confidence_measured_better():
     config = VerifySchedule(widths=(1, 2, 3, 5), chain_costs={1: 1.0, 2: 1.2, 4: 1.6}).resolved(4)  # widths 1.0-1.4
     live = jnp.ones((2,), bool)
     sched = init_schedule(2, 4, config)
-    assert int(choose_arm(sched, config, live, confident=True)) == 0  # no chain round yet: K = 1 by the prior
+    assert int(choose_arm(sched, config, live, confident=True)) == 2  # no chain round yet: the widest measures all
     # Rates 0.9: K = 4 expects 4.10 tokens / 1.6 = 2.56 per row, beating K = 2 (2.71 / 1.2 = 2.26)
     sure = sched.replace(chain_hits=jnp.full((4,), 90.0), chain_tries=jnp.full((4,), 100.0))
     assert int(choose_arm(sure, config, live, confident=False)) == 2

@@ -241,7 +241,8 @@ def choose_arm(sched: ScheduleState, config: VerifySchedule, live, confident: bo
     q; under greedy without one the confidence arm is a chain that drafts K and verifies
     fewer, never better than the chain it verifies). Past rounds only.
 
-    The chain: the one that would finish the batch soonest if it ran every round from here.
+    The chain: the widest before any chain round has run (it measures every position at
+    once), then the one that would finish the batch soonest if it ran every round from here.
     A batch is done when its last row is, and a round costs the same however many rows gain
     from it, so what a chain is worth is how fast it moves the rows that will finish last,
     not the batch's mean (at batch 16 with the embedded DSpark head, K = 2 keeps 27% more
@@ -276,7 +277,11 @@ def choose_arm(sched: ScheduleState, config: VerifySchedule, live, confident: bo
         return jnp.max(jnp.where(live[:, None], left[:, None] / rate, 0.0), axis=0)
 
     chain_costs = jnp.asarray(config.chain_cost_vector())  # [A - 1]
-    best = jnp.argmin(finish((1.0 + kept[:, ks]) / chain_costs))
+    full = len(ks) - 1  # the widest chain
+    # Before any chain round, the widest: it measures every position at once, where starting
+    # from the prior's choice (K = 1 at prior 0.5) took 2-4 rounds to learn that a longer
+    # chain pays (results/verify_schedule section 6).
+    best = jnp.where(sched.chain_tries[0] > 0, jnp.argmin(finish((1.0 + kept[:, ks]) / chain_costs)), full)
     if not confident:
         return best.astype(jnp.int32)
     expected = jnp.concatenate([jnp.zeros((1,)), jnp.cumsum(jnp.cumprod(alpha))])  # [K + 1]: drafts kept, pooled
@@ -286,6 +291,5 @@ def choose_arm(sched: ScheduleState, config: VerifySchedule, live, confident: bo
     rates = sched.same_tokens / jnp.maximum(sched.same_seconds, 1e-30)  # [A]: each arm on the same rounds
     judged = sched.same_seconds[-1] > 0
     wins = judged & (rates[-1] > jnp.max(rates[:-1]) * config.confidence_margin)
-    full = len(ks) - 1  # the widest chain
     arm = jnp.where(wins, jnp.where(sched.since_full >= REFRESH_ROUNDS, full, len(ks)), best)
     return jnp.where(~judged & hopeful, full, arm).astype(jnp.int32)
