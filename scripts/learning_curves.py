@@ -47,7 +47,7 @@ def curve(run: Path) -> dict:
                     "acceptance_length": row["mean_acceptance_length_greedy"],
                 }
             )
-        elif "loss" in row:
+        if "loss" in row:  # an evaluation's step may log its loss too
             losses.append({"step": row["step"], "loss": row["loss"], "seconds": row.get("seconds")})
     label = run.name
     return {
