@@ -25,7 +25,7 @@ import jax
 
 import specjax
 from specjax.bench.timing import environment, interleaved
-from specjax.engine.verify_costs import measure_chain_costs, measure_verify_costs
+from specjax.engine.verify_costs import measure_schedule_costs
 
 PROMPTS = [
     "def merge_sorted(a, b):\n    result = []\n",
@@ -69,9 +69,10 @@ def main() -> None:
             # The costs at the generation's own cache length, as `costs: measure` takes them
             # (attention reads every slot: a longer cache dilutes the differences between widths).
             context = calls[f"static K={args.k}"].cache_length
-            costs = measure_verify_costs(target, draft, batch, args.k, context=context, sampling=config.sampling)
             ks = specjax.VerifySchedule().resolved(args.k).chain_ks
-            chain_costs = measure_chain_costs(target, draft, batch, ks, context=context, sampling=config.sampling)
+            costs, chain_costs = measure_schedule_costs(
+                target, draft, batch, args.k, context=context, ks=ks, sampling=config.sampling
+            )
             schedules = {
                 "schedule": specjax.VerifySchedule(costs=costs, chain_costs=chain_costs),
                 "confidence only": specjax.VerifySchedule(costs=costs, chains=False),

@@ -407,18 +407,22 @@ def test_measured_costs_are_timed_once_then_read_from_the_disk_cache(target, noi
     from specjax.engine import costs as engine_costs
 
     config, expected = plain_greedy
-    calls = []
-    real = engine_costs.measure_verify_costs
-    monkeypatch.setattr(engine_costs, "measure_verify_costs", lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    calls, measured = [], []
+    real = engine_costs.measure_schedule_costs
+    monkeypatch.setattr(
+        engine_costs,
+        "measure_schedule_costs",
+        lambda *a, **kw: calls.append(a) or measured.append(real(*a, **kw)) or measured[-1],
+    )
     schedule = {"widths": [1, 5], "costs": "measure"}
     speculative = specjax.SpeculativeConfig(num_speculative_tokens=4, verify_schedule=schedule)
-    chains, timed = [], engine_costs.measure_chain_costs
-    monkeypatch.setattr(engine_costs, "measure_chain_costs", lambda *a, **kw: chains.append(a[3]) or timed(*a, **kw))
     for _ in range(2):
         out = specjax.generate(target, RAGGED_PROMPTS, config, draft=noisy_draft, speculative=speculative)
         assert out.tokens == expected
     assert len(calls) == 1  # the second call read the file the first one wrote
-    assert chains == [(4,)]  # the static chain the schedule may run instead (K = 5 - 1), timed with the widths
+    assert calls[0][6] == (4,)  # the static chain the schedule may run instead (K = 5 - 1), timed with the widths
+    ((widths, chains),) = measured
+    assert sorted(widths) == [1, 5] and chains[4] == widths[5]  # one program (draft 4, verify 4), timed once
     with pytest.raises(ValueError, match="mapping of widths to seconds or 'measure'"):
         VerifySchedule(costs="measured")
     with pytest.raises(ValueError, match="must be measured before the loop"):

@@ -23,7 +23,7 @@ from specjax.engine.cost_cache import cached_costs, cost_key
 from specjax.engine.plan import as_adaptive
 from specjax.engine.prompts import PromptBatch
 from specjax.engine.round_costs import measure_round_costs
-from specjax.engine.verify_costs import measure_chain_costs, measure_verify_costs
+from specjax.engine.verify_costs import measure_schedule_costs
 from specjax.io.model import Model
 
 
@@ -78,8 +78,9 @@ def resolve_verify_costs(target: Model, drafter: Drafter | None, plan: Plan, bat
     shape = (batch.bucket_rows, batch.cache_length)
 
     def measure() -> dict:
-        seconds = measure_verify_costs(target, drafter, shape[0], k, shape[1], widths, plan.sampling, cache=plan.cache)
-        chains = measure_chain_costs(target, drafter, shape[0], ks, shape[1], plan.sampling, cache=plan.cache)
+        seconds, chains = measure_schedule_costs(
+            target, drafter, shape[0], k, shape[1], widths, ks, plan.sampling, cache=plan.cache
+        )
         return dict(zip(labels, [seconds[w] for w in widths] + [chains[j] for j in ks], strict=True))
 
     costs, _ = cached_costs(key, labels, measure)

@@ -9,8 +9,7 @@ K's candidates. A static chain of K, which the schedule may run instead (its `ch
 is the same one-width round drafting K and verifying all K. Nothing the loop runs imports
 this module.
 
-    costs = measure_verify_costs(target, draft, batch=1, k=4, context=256)
-    chain_costs = measure_chain_costs(target, draft, batch=1, ks=(1, 2, 4), context=256)
+    costs, chain_costs = measure_schedule_costs(target, draft, batch=1, k=4, context=256, ks=(1, 2, 4))
     speculative = SpeculativeConfig(num_speculative_tokens=4,
                                     verify_schedule=VerifySchedule(costs=costs, chain_costs=chain_costs))
 """
@@ -48,6 +47,29 @@ def measure_verify_costs(
     cache of `context` slots half filled; widths None: VerifySchedule's default for k."""
     widths = VerifySchedule(widths=widths).resolved(k).widths
     return _measure(target, draft, batch, {w: (k, w) for w in widths}, context, sampling, repeats, cache)
+
+
+def measure_schedule_costs(
+    target: Model,
+    draft: Model | Drafter,
+    batch: int,
+    k: int,
+    context: int,
+    widths: tuple[int, ...] | None = None,
+    ks: tuple[int, ...] = (),
+    sampling: SamplingConfig | float = 0.0,
+    repeats: int = REPEATS,
+    cache: CacheConfig = DEFAULT_CACHE,
+) -> tuple[dict[int, float], dict[int, float]]:
+    """({width: seconds}, {K: seconds}): measure_verify_costs and measure_chain_costs timed in
+    one round-robin, and the round they share (a width of k + 1 is a chain of k) timed once.
+    The schedule compares the two (schedule_policy.choose_arm); timed in two sessions they
+    drifted apart by more than its margin (results/verify_schedule section 6: the same
+    width-5 round at 13.5 ms as a width and 15.6 ms as a chain of 4)."""
+    widths = VerifySchedule(widths=widths).resolved(k).widths
+    shapes = sorted({(k, w) for w in widths} | {(j, j + 1) for j in ks})
+    seconds = _measure(target, draft, batch, {shape: shape for shape in shapes}, context, sampling, repeats, cache)
+    return {w: seconds[(k, w)] for w in widths}, {j: seconds[(j, j + 1)] for j in ks}
 
 
 def measure_chain_costs(
