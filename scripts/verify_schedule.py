@@ -11,6 +11,10 @@ forward, the rounds per verify width and per arm.
 --mixed: the batch's rows alternate between a prompt the drafter continues well (a
 repeated line) and the four prose/code prompts, so that acceptance differs between rows.
 
+--seeds N: under sampling, each timed call generates N times, with seeds 0..N-1, and the
+counts add up over them. At batch 1 every program samples its own text, so one seed compares
+texts as much as schedules; N of them average that out.
+
     python scripts/verify_schedule.py --batch 1 4 --temperature 0 1 --new 64
 """
 
@@ -45,6 +49,7 @@ def main() -> None:
     parser.add_argument("--draft", default="stdlib-draft", help="any drafter name (stdlib-block-head: a head)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--mixed", action="store_true", help="rows that differ in acceptance (see above)")
+    parser.add_argument("--seeds", type=int, default=1, help="generations per timed call under sampling (see above)")
     parser.add_argument("--out", default="results/verify_schedule/verify_schedule.json")
     args = parser.parse_args()
 
@@ -55,20 +60,22 @@ def main() -> None:
         pool = [x for p in PROMPTS for x in (REPEATED, p)] if args.mixed else PROMPTS
         prompts = [pool[i % len(pool)] for i in range(batch)]
         for t in args.temperature:
-            config = specjax.GenerationConfig.at_temperature(t, max_new_tokens=args.new, ignore_eos=True)
+            seeds = range(args.seeds if t > 0 else 1)
+            configs = [
+                specjax.GenerationConfig.at_temperature(t, max_new_tokens=args.new, ignore_eos=True, seed=seed)
+                for seed in seeds
+            ]
+            config = configs[0]
+
+            def prepared(speculative, prompts=prompts, configs=configs):  # one prepared call per seed
+                return [specjax.prepare(target, prompts, c, draft=draft, speculative=speculative) for c in configs]
+
             calls = {
-                f"static K={k}": specjax.prepare(
-                    target,
-                    prompts,
-                    config,
-                    draft=draft,
-                    speculative=specjax.SpeculativeConfig(num_speculative_tokens=k),
-                )
-                for k in (1, 2, args.k)
+                f"static K={k}": prepared(specjax.SpeculativeConfig(num_speculative_tokens=k)) for k in (1, 2, args.k)
             }
             # The costs at the generation's own cache length, as `costs: measure` takes them
             # (attention reads every slot: a longer cache dilutes the differences between widths).
-            context = calls[f"static K={args.k}"].cache_length
+            context = calls[f"static K={args.k}"][0].cache_length
             ks = specjax.VerifySchedule().resolved(args.k).chain_ks
             costs, chain_costs = measure_schedule_costs(
                 target, draft, batch, args.k, context=context, ks=ks, sampling=config.sampling
@@ -78,34 +85,38 @@ def main() -> None:
                 "confidence only": specjax.VerifySchedule(costs=costs, chains=False),
             }
             for name, schedule in schedules.items():
-                calls[name] = specjax.prepare(
-                    target, prompts, config, draft=draft,
-                    speculative=specjax.SpeculativeConfig(num_speculative_tokens=args.k, verify_schedule=schedule),
-                )  # fmt: skip
-            times = interleaved({k: (lambda p=p: p.launch()) for k, p in calls.items()}, args.repeats, warmup=1)
+                calls[name] = prepared(
+                    specjax.SpeculativeConfig(num_speculative_tokens=args.k, verify_schedule=schedule)
+                )
+            launches = {k: (lambda ps=ps: [p.launch() for p in ps]) for k, ps in calls.items()}
+            times = interleaved(launches, args.repeats, warmup=1)
             for name, call in calls.items():
-                out = call.run()
-                s = out.stats
+                stats = [p.run().stats for p in call]
+                s = stats[0]
                 row = {
                     "batch": batch,
                     "temperature": t,
                     "name": name,
+                    "seeds": len(stats),
                     "seconds": statistics.median(times[name]),
-                    "tokens_per_forward": s.generated_tokens / max(s.target_forwards, 1) / batch,
-                    "mean_acceptance_length": s.mean_acceptance_length,
+                    "tokens_per_forward": sum(x.generated_tokens for x in stats)
+                    / max(sum(x.target_forwards for x in stats), 1)
+                    / batch,
+                    "mean_acceptance_length": statistics.mean(x.mean_acceptance_length for x in stats),
                 }
                 if name in schedules:
                     row["cost_context"] = context
                     row["costs_ms"] = {w: round(1e3 * c, 3) for w, c in costs.items()}
                     row["chain_costs_ms"] = {k: round(1e3 * c, 3) for k, c in chain_costs.items()}
+                    counts = {k: sum(x.drafter[k] for x in stats) for k in s.drafter if k.endswith("_rounds")}
                     row["rounds_per_width"] = {
                         k.removeprefix("verify_width_").removesuffix("_rounds"): v
-                        for k, v in s.drafter.items()
+                        for k, v in counts.items()
                         if k.startswith("verify_width_")
                     }
                     row["rounds_per_arm"] = {
                         k.removeprefix("schedule_").removesuffix("_rounds"): v
-                        for k, v in s.drafter.items()
+                        for k, v in counts.items()
                         if k.startswith("schedule_") and v
                     }
                 rows.append(row)
@@ -118,7 +129,7 @@ def main() -> None:
     command = "python scripts/verify_schedule.py " + " ".join(
         [f"--batch {' '.join(map(str, args.batch))}", f"--temperature {' '.join(map(str, args.temperature))}",
          f"--draft {args.draft}", "--mixed" * args.mixed,
-         f"--new {args.new}", f"--k {args.k}", f"--repeats {args.repeats}"]
+         f"--new {args.new}", f"--k {args.k}", f"--repeats {args.repeats}", f"--seeds {args.seeds}"]
     )  # fmt: skip
     result = {"command": command, "environment": environment(), "device": str(jax.devices()[0]), "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
