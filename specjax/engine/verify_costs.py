@@ -32,23 +32,6 @@ from specjax.engine.timed_loops import _rounds, filled_state
 from specjax.io.model import Model
 
 
-def measure_verify_costs(
-    target: Model,
-    draft: Model | Drafter,
-    batch: int,
-    k: int,
-    context: int,
-    widths: tuple[int, ...] | None = None,
-    sampling: SamplingConfig | float = 0.0,
-    repeats: int = REPEATS,
-    cache: CacheConfig = DEFAULT_CACHE,
-) -> dict[int, float]:
-    """{width: marginal seconds of one scheduled round} for K = k drafts, `batch` rows and a
-    cache of `context` slots half filled; widths None: VerifySchedule's default for k."""
-    widths = VerifySchedule(widths=widths).resolved(k).widths
-    return _measure(target, draft, batch, {w: (k, w) for w in widths}, context, sampling, repeats, cache)
-
-
 def measure_schedule_costs(
     target: Model,
     draft: Model | Drafter,
@@ -61,8 +44,10 @@ def measure_schedule_costs(
     repeats: int = REPEATS,
     cache: CacheConfig = DEFAULT_CACHE,
 ) -> tuple[dict[int, float], dict[int, float]]:
-    """({width: seconds}, {K: seconds}): measure_verify_costs and measure_chain_costs timed in
-    one round-robin, and the round they share (a width of k + 1 is a chain of k) timed once.
+    """({width: marginal seconds of one scheduled round of K = k drafts}, {K: seconds of one
+    chain round of K} for K in ks) for `batch` rows and a cache of `context` slots half
+    filled (widths None: VerifySchedule's default for k), timed in one round-robin, and the
+    round both share (a width of k + 1 is a chain of k: drafting k, verifying all) timed once.
     The schedule compares the two (schedule_policy.choose_arm); timed in two sessions they
     drifted apart by more than its margin (results/verify_schedule section 6: the same
     width-5 round at 13.5 ms as a width and 15.6 ms as a chain of 4)."""
@@ -70,23 +55,6 @@ def measure_schedule_costs(
     shapes = sorted({(k, w) for w in widths} | {(j, j + 1) for j in ks})
     seconds = _measure(target, draft, batch, {shape: shape for shape in shapes}, context, sampling, repeats, cache)
     return {w: seconds[(k, w)] for w in widths}, {j: seconds[(j, j + 1)] for j in ks}
-
-
-def measure_chain_costs(
-    target: Model,
-    draft: Model | Drafter,
-    batch: int,
-    ks: tuple[int, ...],
-    context: int,
-    sampling: SamplingConfig | float = 0.0,
-    repeats: int = REPEATS,
-    cache: CacheConfig = DEFAULT_CACHE,
-) -> dict[int, float]:
-    """{K: marginal seconds of one chain round of K} (VerifySchedule.chain_costs): a
-    schedule's one-width round drafting K and verifying all K is exactly that round."""
-    if not ks:
-        return {}
-    return _measure(target, draft, batch, {j: (j, j + 1) for j in ks}, context, sampling, repeats, cache)
 
 
 def _measure(target, draft, batch, shapes: dict, context, sampling, repeats, cache) -> dict:
