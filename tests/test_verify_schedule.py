@@ -306,6 +306,51 @@ def test_the_widest_chain_says_what_every_arm_would_have_committed():
     assert int(other.since_full) == 1
 
 
+@pytest.mark.parametrize("sampled", [True, False])
+def test_the_evidence_is_the_verdicts_mean(sampled):
+    """acceptance_probability, what the schedule counts per reached position under sampling,
+    is the probability that rejection_sampling_rule accepts there: over 40,000 rounds of one
+    (p, q) the rule's acceptance of draft 1 matches its mean (4 standard errors), and so does
+    the rate of the rounds whose draft was d (the Bernoulli the verdict is) with q None."""
+    from specjax.core.acceptance import acceptance_probability
+
+    rng = np.random.default_rng(3)
+    rows, vocab = 40_000, 6
+    p = jnp.asarray(np.broadcast_to(rng.dirichlet(np.full(vocab, 0.7), size=2), (rows, 2, vocab)))  # [B, 2, V]
+    q_row = rng.dirichlet(np.full(vocab, 0.7))
+    drafts = jnp.asarray(rng.choice(vocab, size=(rows, 1), p=q_row), jnp.int32)  # d ~ q
+    q = jnp.asarray(np.broadcast_to(q_row, (rows, 1, vocab)), jnp.float32) if sampled else None
+    n, _ = rejection_sampling_rule(jax.random.key(0), drafts, p, q)
+    accepted = np.asarray(n >= 1, np.float64)
+    mean = np.asarray(acceptance_probability(drafts, p, q), np.float64)[:, 0]  # [B]
+    if sampled:  # one value for every row: sum_x min(p, q)
+        np.testing.assert_allclose(mean, np.minimum(np.asarray(p[0, 0]), q_row).sum(), rtol=1e-5)
+        assert mean[0] < 1.0
+    else:  # per drawn token: p(d)
+        np.testing.assert_allclose(mean, np.asarray(p[0, 0])[np.asarray(drafts[:, 0])], rtol=1e-6)
+    se = np.sqrt(mean.mean() * (1 - mean.mean()) / rows)
+    assert abs(accepted.mean() - mean.mean()) < 4 * se
+    # The verdict's own rate would be the wrong thing to compare if the mean ignored q:
+    wrong = np.asarray(p[0, 0])[np.asarray(drafts[:, 0])].mean()  # p(d) averaged, q ignored
+    assert not sampled or abs(accepted.mean() - wrong) > 4 * se
+
+
+def test_the_schedule_counts_the_evidence_at_reached_positions():
+    """fold with `expected`: a row's hits are the evidence at the positions its round
+    reached (those before the first rejection and that one), not past it."""
+    from specjax.engine.schedule_policy import fold, init_schedule
+
+    config = VerifySchedule(widths=(1, 2, 3, 5), chain_costs={1: 1.0, 2: 1.2, 4: 1.6}).resolved(4)
+    sched = init_schedule(2, 4, config)
+    expected = jnp.asarray([[0.9, 0.5, 0.2, 0.1], [0.3, 0.8, 0.8, 0.8]])
+    after = fold(sched, config, 3, jnp.asarray([1, 0]), jnp.ones((2,), bool), None, None, 4, 4, expected=expected)
+    np.testing.assert_allclose(after.hits, [1.2, 0.5, 0.0, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(after.tries, [2.0, 1.0, 0.0, 0.0])
+    np.testing.assert_allclose(after.row_hits, [[0.9, 0.5, 0, 0], [0.3, 0, 0, 0]], rtol=1e-6)
+    verdicts = fold(sched, config, 3, jnp.asarray([1, 0]), jnp.ones((2,), bool), None, None, 4, 4)
+    np.testing.assert_allclose(verdicts.hits, [1.0, 0.0, 0.0, 0.0])
+
+
 def test_runs_of_rounds_are_the_rounds_one_switch_each_would_be(pair8, monkeypatch):  # noqa: F811
     """schedule_round runs rounds that choose the same width in one while loop, carrying the
     next round's proposal across runs and drafting it again after a call's last round: every

@@ -80,6 +80,27 @@ def rejection_sampling_rule(key, draft_tokens, p, q):
     return n, sample(residual_key, residual)
 
 
+def acceptance_probability(draft_tokens, p, q):
+    """[B, K] float32: the probability that `rejection_sampling_rule` accepts draft i given
+    that the round reaches it, before the round's draws: sum_x min(p_i(x), q_i(x)) for a
+    sampled proposal (the expectation of min(1, p_i(d_i) / q_i(d_i)) over d_i ~ q_i), or
+    p_i(d_i) for a deterministic one (q None). Shapes as the rules': p [B, K+1, V] (only the
+    first K positions are read), q [B, K, V] or None.
+
+    What it is for: a verify-width policy that learns acceptance from rounds (engine/
+    schedule_policy.py) can count this in place of the 0/1 verdict at each position a round
+    reached. Given what the round had drafted up to position i, the verdict is a Bernoulli
+    draw of exactly this probability, so the count keeps its mean and drops the draw's
+    variance (a Rao-Blackwellised estimate): at batch 1 under sampling, a few rounds of
+    verdicts were too noisy to rank verify widths by (results/verify_schedule section 7).
+    Only for rules that accept token by token with min(1, p / q): block verification keeps
+    more than this per position."""
+    k = draft_tokens.shape[1]
+    if q is None:
+        return jnp.take_along_axis(p[:, :k], draft_tokens[..., None], axis=-1)[..., 0].astype(jnp.float32)
+    return jnp.sum(jnp.minimum(p[:, :k], q), axis=-1).astype(jnp.float32)
+
+
 def block_verification_rule(key, draft_tokens, p, q):
     """Block verification (Sun et al., "Block Verification Accelerates Speculative
     Decoding", arXiv 2403.10444).

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specjax.core.acceptance import acceptance_probability, rejection_sampling_rule
 from specjax.core.grammar import mask_logits, states_along
 from specjax.core.loop import gather_tokens
 from specjax.core.sampling import probabilities, select
@@ -75,12 +76,19 @@ def propose(target_params, draft_weights, state: LoopState):
 
 
 def verify_proposal(
-    target_params, draft_weights, state: LoopState, ctx: DraftContext, proposal, draft_state, rng, accept_key
-) -> LoopState:
+    target_params, draft_weights, state: LoopState, ctx: DraftContext, proposal, draft_state, rng, accept_key,
+    expect: bool = False,
+):  # fmt: skip
     """The verifying half: the proposal's k = proposal.tokens.shape[1] drafts (k may be
     below the K the drafter proposed: confidence-scheduled verification, verify_schedule.py)
     at width k + 1, the acceptance rule, the commit. The drafter's update sees a chain round
-    that accepted num_accepted <= k drafts; drafts past k were never judged."""
+    that accepted num_accepted <= k drafts; drafts past k were never judged.
+
+    Returns the state, or with `expect` (state, evidence [B, k] float32): at each draft
+    position, what a policy that learns acceptance from rounds may count as its verdict
+    (read only at positions the round reached). Under sampling with the token-by-token rule,
+    the probability that the rule accepts it (acceptance_probability: the verdict's mean,
+    without its draw); otherwise the verdict itself, 1.0 where accepted."""
     plan = state.plan
     drafts = proposal.tokens  # [B, k]
     k = drafts.shape[1]
@@ -105,6 +113,10 @@ def verify_proposal(
     else:
         p = probabilities(logits, plan.sampling)  # [B, k+1, V]; greedy: the one-hot on each argmax
         num_accepted, next_token = plan.rule(accept_key, drafts, p, proposal.q)  # [B], [B]
+    if k > 0 and not plan.sampling.greedy and plan.rule is rejection_sampling_rule:
+        evidence = acceptance_probability(drafts, p, proposal.q)  # [B, k]
+    else:
+        evidence = (jnp.arange(k)[None, :] < num_accepted[:, None]).astype(jnp.float32)  # [B, k]: the verdicts
 
     # Candidates [d_1..d_n, next, ...]: the first n + 1 count (before EOS/max cuts).
     j = jnp.arange(k + 1)[None, :]
@@ -115,7 +127,8 @@ def verify_proposal(
         after = ctx.replace(tokens=tokens, lengths=lengths, done=done, features=out[2] if wants else None)
         return plan.drafter.update(draft_weights, draft_state, after, num_accepted)
 
-    return finish_round(state, candidates, num_accepted, target_cache, rng, update)
+    after = finish_round(state, candidates, num_accepted, target_cache, rng, update)
+    return (after, evidence) if expect else after
 
 
 def chain_round(target_params, draft_weights, state: LoopState) -> LoopState:

@@ -172,6 +172,7 @@ def fold(
     k: int,
     chain: int | None = None,
     counterfactual=None,
+    expected=None,
 ) -> ScheduleState:
     """The state after a round of width widths[index] that accepted num_accepted [B] drafts in
     the live [B] rows, with the drafts' raw confidence [B, K] (or None): a round of the
@@ -181,11 +182,16 @@ def fold(
     rounds when the drafter gives a confidence; every arm's tokens in this round are then
     added to the same-round sums choose_arm judges the confidence arm by. The measured rates
     learn only from rows that had a proposal (found [B] or None), as they are applied only to
-    those."""
+    those. `expected` ([B, w - 1] float32, or None: the verdicts): what each position the
+    round reached counts as accepted (verify_proposal's evidence: under sampling the
+    probability that it passes, the verdict's mean without its draw)."""
     width = jnp.asarray(config.widths)[index]
     i = jnp.arange(k)[None, :]
     tried = (i < width - 1) & (num_accepted[:, None] >= i) & live[:, None]  # [B, K]
-    hit = (i < num_accepted[:, None]) & live[:, None]
+    if expected is None:
+        hit = (i < num_accepted[:, None]) & live[:, None]
+    else:
+        hit = tried * jnp.pad(expected, ((0, 0), (0, k - expected.shape[1])))  # [B, K]
     evidence = 1.0 if found is None else found.astype(jnp.float32)[:, None]
     decay = jnp.where(width > 1, config.decay, 1.0)  # a width-1 round brings no evidence and forgets nothing
     hits = jnp.sum(hit * evidence, axis=0)

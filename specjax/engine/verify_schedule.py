@@ -66,7 +66,7 @@ from flax import struct
 from specjax.core.state import LoopState
 from specjax.core.verify_widths import VerifySchedule, as_verify_schedule, default_widths
 from specjax.drafters import Proposal
-from specjax.engine.rounds import chain_round, draft_context, propose, verify_proposal
+from specjax.engine.rounds import draft_context, propose, verify_proposal
 from specjax.engine.schedule_policy import (
     calibrated,
     choose_arm,
@@ -146,7 +146,8 @@ def _proposed_state(state: LoopState, drafted: _Drafted):
 
 def _commit(j: int, target_params, draft_weights, state: LoopState, drafted: _Drafted):
     """Verify the first widths[j] - 1 of the drafts drafted from `state` and commit: (the
-    state, the schedule not yet folded; drafts accepted per row [B])."""
+    state, the schedule not yet folded; drafts accepted per row [B]; the evidence per
+    verified position [B, w - 1], verify_proposal's)."""
     config = state.plan.verify_schedule
     w = config.widths[j]
     proposal = drafted.proposal
@@ -156,20 +157,23 @@ def _commit(j: int, target_params, draft_weights, state: LoopState, drafted: _Dr
         found=proposal.found,
     )
     ctx = draft_context(state, target_params)  # what `propose` read: the state is the one drafted from
-    after = verify_proposal(
-        target_params, draft_weights, state, ctx, cut, _proposed_state(state, drafted), drafted.rng, drafted.accept_key
-    )
-    return after, jnp.sum(after.accepted_at - state.accepted_at, axis=1)  # [B]
+    after, expected = verify_proposal(
+        target_params, draft_weights, state, ctx, cut, _proposed_state(state, drafted), drafted.rng, drafted.accept_key,
+        expect=True,
+    )  # fmt: skip
+    return after, jnp.sum(after.accepted_at - state.accepted_at, axis=1), expected  # [B], [B, w - 1]
 
 
 def _verify(j: int, target_params, draft_weights, state: LoopState, drafted: _Drafted) -> LoopState:
     """A round of the confidence arm: verify the first widths[j] - 1 of the drafts drafted
     from `state`, commit, and fold it into the schedule."""
     config = state.plan.verify_schedule
-    after, num_accepted = _commit(j, target_params, draft_weights, state, drafted)
+    after, num_accepted, expected = _commit(j, target_params, draft_weights, state, drafted)
     proposal = drafted.proposal
     k = state.plan.num_speculative_tokens
-    sched = fold(state.schedule, config, j, num_accepted, ~state.done, proposal.found, drafted.confidence, k)
+    sched = fold(
+        state.schedule, config, j, num_accepted, ~state.done, proposal.found, drafted.confidence, k, expected=expected
+    )
     return after.replace(schedule=sched)
 
 
@@ -248,15 +252,23 @@ def _chain_segment(k: int, target_params, draft_weights, carry, stays, full: boo
         s, rounds = c
         if full:
             drafted = _draft(target_params, draft_weights, s)
-            after, num_accepted = _commit(index, target_params, draft_weights, s, drafted)
+            after, num_accepted, expected = _commit(index, target_params, draft_weights, s, drafted)
             # Every draft it reached is verified: an unbiased sample for the calibration too
             found, confidence, counterfactual = drafted.proposal.found, drafted.confidence, drafted.index
         else:
-            after = chain_round(target_params, draft_weights, s.replace(plan=chain)).replace(plan=plan)
+            # chain_round's program (propose, then verify), with the verify's evidence kept
+            lone = s.replace(plan=chain)
+            ctx, proposal, draft_state, rng, accept_key = propose(target_params, draft_weights, lone)
+            after, expected = verify_proposal(
+                target_params, draft_weights, lone, ctx, proposal, draft_state, rng, accept_key, expect=True
+            )
+            after = after.replace(plan=plan)
             num_accepted = jnp.sum(after.accepted_at - s.accepted_at, axis=1)  # [B]
             found, confidence, counterfactual = None, None, None
         live = ~s.done
-        sched = fold(s.schedule, config, index, num_accepted, live, found, confidence, k_max, k, counterfactual)
+        sched = fold(
+            s.schedule, config, index, num_accepted, live, found, confidence, k_max, k, counterfactual, expected
+        )
         return after.replace(schedule=sched), rounds + 1
 
     return jax.lax.while_loop(lambda c: _gated(c, stays), body_fn, carry)
