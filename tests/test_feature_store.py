@@ -6,6 +6,7 @@ store logs the live run's losses. One 3-layer byte target (259 tokens), float32 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -169,6 +170,28 @@ def test_bfloat16_store_is_the_live_loss_within_bfloat16_rounding(paths, stores,
     want = _loss_and_grad_norm(live_loss, target, params, tokens, mask)
     got = _loss_and_grad_norm(stored_loss, target, params, batch, mask)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-2)
+
+
+def test_bfloat16_compute_is_the_float32_loss_within_its_rounding(paths, stores):
+    """eagle3.compute_dtype bfloat16 (mixed precision): the same batch's loss and gradient
+    within bfloat16's rounding of the float32 ones, the gradient float32 for float32
+    weights, and the products really in bfloat16 (the loss is not bit-equal)."""
+    config, _ = stores["dataset"]
+    target = specjax.load_model(paths / "target")
+    _, stored_loss, params = _start(config, target)
+    mixed = dataclasses.replace(
+        stored_loss, settings=dataclasses.replace(stored_loss.settings, compute_dtype="bfloat16")
+    )
+    batch, mask = _stored_batches(config, target, None)(2)
+    want = _loss_and_grad_norm(stored_loss, target, params, batch, mask)
+    got = _loss_and_grad_norm(mixed, target, params, batch, mask)
+    np.testing.assert_allclose(got[0], want[0], rtol=2e-2)
+    np.testing.assert_allclose(got[1], want[1], rtol=5e-2)
+    assert got[0] != want[0]
+    _, grads = _value_and_grad(mixed, target.params, params, batch, mask)
+    assert {x.dtype for x in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
+    with pytest.raises(ValueError, match="compute_dtype"):
+        dataclasses.replace(stored_loss.settings, compute_dtype="float16")
 
 
 def _files(directory: Path) -> dict[str, bytes]:
