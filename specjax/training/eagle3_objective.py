@@ -64,7 +64,7 @@ class Eagle3Config:
     # The dtype of the head's products in training: "float32", or "bfloat16" (mixed precision:
     # the weights and the optimizer stay float32, each step runs the head on a bfloat16 copy
     # and the loss's softmaxes in float32). On a CPU with bfloat16 matrix units (AMX,
-    # AVX512_BF16) a SmolLM2 step took 0.64 of its float32 time (results/feature_store).
+    # AVX512_BF16) a SmolLM2 step took 0.67 of its float32 time (results/feature_store).
     compute_dtype: str = "float32"
 
     def __post_init__(self):
