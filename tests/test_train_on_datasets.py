@@ -23,7 +23,7 @@ from specjax.training import draft_vocab
 from specjax.training.distill import DistillConfig, distill
 from specjax.training.draft_vocab import DraftVocab, select, token_counts
 from specjax.training.eagle3_objective import Eagle3Config, TTTLoss, eagle3_options, init_eagle3_params
-from specjax.training.run_data import REPORT_FILE, dataset_batches, eval_prompts, predicted_mask
+from specjax.training.run_data import REPORT_FILE, eval_prompts, predicted_mask, train_examples
 from specjax.training.train_heads import HeadTrainConfig, eagle_loss, medusa_loss, train_head
 
 LAYERS = (0, 1, 2)
@@ -177,10 +177,13 @@ def test_eagle3_head_on_a_dataset(files, target, head_run):
     assert results["dataset"] == str(files[1])
     # The draft vocabulary counts the tokens the head is scored on: assistant turns, never the
     # prompt's <|im_start|> (the generation prompt), always their <|im_end|>.
-    batches = dataset_batches(config.dataset, target.tokenizer, config.seed)
-    counts = token_counts(config.data, config.seed, config.steps, target.config.vocab_size, batches)
+    examples = train_examples(config.dataset, target.tokenizer)
+    counts = token_counts(config.data, config.seed, config.steps, target.config.vocab_size, examples)
     start, end = target.tokenizer.convert_tokens_to_ids(["<|im_start|>", TURN_END])
     assert counts[start] == 0 and counts[end] > 0
+    mask = examples[1]  # each window once, whatever the run's steps
+    assert counts.sum() == mask[:, 1:].sum()
+    assert np.array_equal(counts, token_counts(config.data, config.seed, 10 * config.steps, len(counts), examples))
     vocab = draft_vocab.draft_vocab_for_run(out, config.data, config.seed, config.steps, len(counts), 64)
     assert vocab == select(counts, 64)
     # The trained head decodes exactly: greedy equals plain greedy on held-out chat prompts.

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -71,27 +70,31 @@ class DraftVocab:
         return self.size == self.vocab_size
 
 
-# step -> (tokens int32 [B, L], mask bool [B, L]: mask[:, t] says token t is a target)
-Batches = Callable[[int], tuple[np.ndarray, np.ndarray]]
+# A dataset's training split, every window once: (tokens int32 [N, L], mask bool [N, L]:
+# mask[:, t] says token t is a target), training/datasets.dataset_examples.
+Examples = tuple[np.ndarray, np.ndarray]
 
 
 def token_counts(
-    data: DataConfig, seed: int, steps: int, vocab_size: int, batches: Batches | None = None
+    data: DataConfig, seed: int, steps: int, vocab_size: int, examples: Examples | None = None
 ) -> np.ndarray:
-    """[V] int64: how often each token occurs in the batches of steps 0..steps-1.
+    """[V] int64: how often each token occurs in what the head trains on.
 
-    The corpus (`batches` None): every position of a window, all of which the head's
-    training passes read. A user dataset (`batches`, which `data` and `seed` then do not
-    enter): the tokens the head is scored on, tokens[:, 1:] under mask[:, 1:] (windows
-    overlap by one token, so each target of the stream counts once; prompts and padding,
-    never proposed by the target, not at all)."""
+    The corpus (`examples` None): every position of the batches of steps 0..steps-1, all of
+    which the head's training passes read. A user dataset (`examples`, its training split;
+    `data`, `seed` and `steps` then do not enter): the tokens the head is scored on,
+    tokens[:, 1:] under mask[:, 1:], over every window once (windows overlap by one token,
+    so each target of the stream counts once; prompts and padding, never proposed by the
+    target, not at all). Once, not over the run's steps: the vocabulary is the data's, the
+    same for a run of any length, so one feature store serves runs of different lengths
+    (ablations beside the full run)."""
     counts = np.zeros(vocab_size, np.int64)
+    if examples is not None:
+        tokens, mask = examples
+        ids = tokens[:, 1:][mask[:, 1:]]
+        return counts + np.bincount(ids, minlength=vocab_size)[:vocab_size]
     for step in range(steps):
-        if batches is None:
-            ids = training_batch(data, seed, step).reshape(-1)
-        else:
-            tokens, mask = batches(step)
-            ids = tokens[:, 1:][mask[:, 1:]]
+        ids = training_batch(data, seed, step).reshape(-1)
         counts += np.bincount(ids, minlength=vocab_size)[:vocab_size]
     return counts
 
@@ -109,10 +112,10 @@ def select(counts: np.ndarray, size: int) -> DraftVocab:
 
 
 def draft_vocab_for_run(
-    out_dir: Path, data: DataConfig, seed: int, steps: int, vocab_size: int, size: int, batches: Batches | None = None
+    out_dir: Path, data: DataConfig, seed: int, steps: int, vocab_size: int, size: int, examples: Examples | None = None
 ):
     """The run's draft vocabulary: read from OUT/draft_vocab.json when a run left one, else
-    counted over the run's training stream (the corpus's, or `batches`: `token_counts`) and
+    counted over the run's training data (the corpus's stream, or a dataset's `examples`: `token_counts`) and
     written there (atomically: a kill leaves the old file or none, never half of one)."""
     path = Path(out_dir) / FILE
     if path.exists():
@@ -124,11 +127,11 @@ def draft_vocab_for_run(
                 f"{size} of {vocab_size}: use another --out to start a new run"
             )
         return vocab
-    vocab = select(token_counts(data, seed, steps, vocab_size, batches), size)
+    vocab = select(token_counts(data, seed, steps, vocab_size, examples), size)
     record = {
         "vocab_size": vocab.vocab_size,
         "draft_vocab_size": vocab.size,
-        "counted_steps": steps,
+        "counted": "the training split, each window once" if examples is not None else f"{steps} steps",
         "coverage": vocab.coverage,
         "tokens": list(vocab.tokens),
     }

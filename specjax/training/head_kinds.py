@@ -62,7 +62,7 @@ from specjax.training.eagle3_objective import (
     eagle3_options,
     init_eagle3_params,
 )
-from specjax.training.run_data import dataset_batches
+from specjax.training.run_data import train_examples
 
 if TYPE_CHECKING:  # train_heads imports this module
     from specjax.training.train_heads import HeadTrainConfig
@@ -203,12 +203,12 @@ def eagle3_setup(config: HeadTrainConfig, target: Model, out_dir: Path | None):
     num = target_config.num_hidden_layers
     layers = feature_layers(e.feature_layers, num) if e.feature_layers else eagle3_layers({}, num)
     v = target_config.vocab_size
-    batches = None if config.dataset is None else dataset_batches(config.dataset, target.tokenizer, config.seed)
+    examples = None if config.dataset is None else train_examples(config.dataset, target.tokenizer)
     size = s.draft_vocab_size or v
     if out_dir is None:
-        vocab = select(token_counts(config.data, config.seed, config.steps, v, batches), size)
+        vocab = select(token_counts(config.data, config.seed, config.steps, v, examples), size)
     else:
-        vocab = draft_vocab_for_run(out_dir, config.data, config.seed, config.steps, v, size, batches)
+        vocab = draft_vocab_for_run(out_dir, config.data, config.seed, config.steps, v, size, examples)
     return e.layer(target_config), layers, vocab
 
 

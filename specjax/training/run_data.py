@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,10 @@ from specjax.training.datasets import (
     held_out_chat_prompts,
     load_dataset,
 )
-from specjax.training.draft_vocab import Batches
+from specjax.training.draft_vocab import Examples
+
+# step -> (tokens int32 [B, L], mask bool [B, L]: mask[:, t] says token t is a target)
+Batches = Callable[[int], tuple[np.ndarray, np.ndarray]]
 
 REPORT_FILE = "dataset_report.json"
 
@@ -52,6 +56,13 @@ def dataset_batches(dataset: DatasetConfig, tokenizer, seed: int) -> Batches:
     tokens int32 [dataset.batch_size, dataset.seq_len + 1] and mask bool, same shape."""
     _check_tokenizer(tokenizer, dataset)
     return lambda step: dataset_batch(dataset, tokenizer, seed, step)
+
+
+def train_examples(dataset: DatasetConfig, tokenizer) -> Examples:
+    """Every window of the dataset's training split once (`dataset_examples`): what a
+    draft vocabulary is counted over (draft_vocab.token_counts)."""
+    _check_tokenizer(tokenizer, dataset)
+    return dataset_examples(dataset, tokenizer, "train")
 
 
 def predicted_mask(mask: np.ndarray) -> np.ndarray:

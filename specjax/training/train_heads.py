@@ -309,4 +309,6 @@ def _layer_sizes(layer: ModelConfig) -> dict:
 
 def _vocab_summary(out_dir: Path) -> dict:
     saved = json.loads((out_dir / DRAFT_VOCAB_FILE).read_text())
-    return {k: saved[k] for k in ("draft_vocab_size", "vocab_size", "coverage", "counted_steps")}
+    # "counted": what the vocabulary was counted over ("counted_steps" in runs before it)
+    keys = ("draft_vocab_size", "vocab_size", "coverage", "counted", "counted_steps")
+    return {k: saved[k] for k in keys if k in saved}
