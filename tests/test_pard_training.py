@@ -237,6 +237,31 @@ def test_packed_loss_equals_one_forward_per_group(pair, objective):
     np.testing.assert_allclose(np.asarray(per_offset), sums / np.maximum(weights, 1.0), rtol=1e-5)
 
 
+def test_bfloat16_compute_is_the_float32_loss_within_its_rounding(pair):
+    """distill's compute_dtype bfloat16: the packed loss with the draft's config in bfloat16
+    (its float32 weights cast inside the loss) is the float32 loss within bfloat16's
+    rounding, not bit-equal, and the gradient reaches the weights as float32."""
+    target, draft = pair
+    parallel = ParallelTrainConfig(enabled=True, num_masks=2, groups=3)
+    rng = np.random.default_rng(2)
+    tokens = jnp.asarray(rng.integers(0, 256, (2, 15)), jnp.int32)
+    mask = jnp.asarray(rng.random((2, 14)) > 0.2, jnp.float32)
+    anchors = jnp.asarray(split_points(parallel, np.asarray(mask), seed=0, step=0))
+
+    def loss(config, params):
+        return parallel_loss("next_token", 1.0, 0.5, parallel, PAD, config, BYTES, params, target.params, tokens, mask,
+                             anchors)[0]  # fmt: skip
+
+    grad = jax.jit(jax.value_and_grad(loss, argnums=1), static_argnums=0)
+    want, _ = grad(BYTES, draft.params)
+    got, grads = grad(BYTES.replace(dtype="bfloat16"), draft.params)
+    np.testing.assert_allclose(float(got), float(want), rtol=2e-2)
+    assert float(got) != float(want)
+    assert {x.dtype for x in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
+    with pytest.raises(ValueError, match="compute_dtype"):
+        DistillConfig(compute_dtype="float16")
+
+
 # --- Training, resume, decoding ----------------------------------------------------------------
 
 

@@ -44,6 +44,7 @@ from specjax.models import ModelConfig, full_forward, init_params
 from specjax.training.data import DataConfig, training_batch
 from specjax.training.datasets import DatasetConfig, dataset_batch
 from specjax.training.divergences import DIVERGENCES, get_divergence
+from specjax.training.mixed_precision import cast_floats, check_compute_dtype, compute_copy
 from specjax.training.parallel_objective import ParallelTrainConfig, parallel_step, resolve_mask_token_id, split_points
 from specjax.training.run_data import eval_prompts, report_dataset
 from specjax.training.run_dirs import open_run, resume_or_start
@@ -168,6 +169,9 @@ class DistillConfig:
     train_embedding: bool = True
     # Mask-token training into a parallel (PARD) drafter (training/parallel_objective.py); disabled: plain distillation
     parallel: ParallelTrainConfig = dataclasses.field(default_factory=ParallelTrainConfig)
+    # "float32", or "bfloat16": the draft's products in bfloat16, its weights and optimizer
+    # float32 (mixed precision, training/mixed_precision.py); the target as it is.
+    compute_dtype: str = "float32"
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -178,6 +182,7 @@ class DistillConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         get_divergence("tv" if self.objective == "next_token" else self.objective, self.temperature, self.beta)
+        check_compute_dtype("compute_dtype", self.compute_dtype)
         check_mesh(self.mesh, self.stream().batch_size)  # stream(): checks prompt_len against a dataset's rows
         self.parallel.check_window(self.stream().seq_len)
 
@@ -201,9 +206,10 @@ class DistillConfig:
 def distillation_loss(
     objective, temperature, beta, draft_config, target_config, draft_params, target_params, tokens, mask
 ):
-    """Mean objective over masked positions of tokens [B, T]; mask [B, T-1] marks predicted positions."""
+    """Mean objective over masked positions of tokens [B, T]; mask [B, T-1] marks predicted
+    positions. The draft runs in draft_config.dtype (its float32 weights cast: mixed precision)."""
     inputs = tokens[:, :-1]
-    draft_logits = full_forward(draft_config, draft_params, inputs)  # [B, T-1, V]
+    draft_logits = full_forward(draft_config, cast_floats(draft_params, draft_config.dtype), inputs)  # [B, T-1, V]
     if objective == "next_token":
         per_position = optax.softmax_cross_entropy_with_integer_labels(draft_logits, tokens[:, 1:])
     else:
@@ -347,7 +353,9 @@ def distill(config: DistillConfig, out_dir: str | Path, progress: bool = True, s
     if start == 0:
         metrics.write({"step": 0, **acceptance(config, target, as_draft(initial), prompts)})
 
-    static = (config.objective, config.temperature, config.beta, draft_config, target.config)
+    # The losses run the draft in its config's dtype: compute_dtype's copy of it (mixed precision).
+    computed, _ = compute_copy(config.compute_dtype, draft_config, {})
+    static = (config.objective, config.temperature, config.beta, computed, target.config)
     step_fn = mesh.jit(_step, params, opt_state, metrics=1)
     if parallel.enabled:
         static = (*static[:3], parallel, start_draft.mask_token_id, *static[3:])

@@ -43,6 +43,7 @@ from flax import nnx
 from specjax.models import ModelConfig, TreeMask, full_forward, graphdef, init_cache, init_params
 from specjax.models.heads import SPECJAX_HEAD, HeadOptions, eagle_forward
 from specjax.training.draft_vocab import DraftVocab
+from specjax.training.mixed_precision import check_compute_dtype, compute_copy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,10 +62,8 @@ class Eagle3Config:
     # output as the target reads its last state (EAGLE-1's frozen LM head, here trainable): a
     # head trained for hundreds of steps on a CPU, not for epochs, starts much closer.
     lm_head_init: str = "random"
-    # The dtype of the head's products in training: "float32", or "bfloat16" (mixed precision:
-    # the weights and the optimizer stay float32, each step runs the head on a bfloat16 copy
-    # and the loss's softmaxes in float32). On a CPU with bfloat16 matrix units (AMX,
-    # AVX512_BF16) a SmolLM2 step took 0.67 of its float32 time (results/feature_store).
+    # "float32", or "bfloat16": mixed precision (training/mixed_precision.py). On the Xeon with
+    # AMX a SmolLM2 step took 0.67 of its float32 time (results/feature_store).
     compute_dtype: str = "float32"
 
     def __post_init__(self):
@@ -76,8 +75,7 @@ class Eagle3Config:
             raise ValueError(f"eagle3.ttt_steps must be >= 1, got {self.ttt_steps}")
         if self.lm_head_init not in ("random", "target"):
             raise ValueError(f"eagle3.lm_head_init must be 'random' or 'target', got {self.lm_head_init!r}")
-        if self.compute_dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"eagle3.compute_dtype must be 'float32' or 'bfloat16', got {self.compute_dtype!r}")
+        check_compute_dtype("eagle3.compute_dtype", self.compute_dtype)
         if self.step_decay <= 0 or self.feature_weight < 0:
             raise ValueError(
                 f"eagle3.step_decay must be > 0 and feature_weight >= 0, got {self.step_decay}, {self.feature_weight}"
@@ -262,8 +260,10 @@ def ttt_loss_from(
     """`ttt_loss` from the target's side already computed (`target_side`, or read from a
     feature store): target_params is read only for the embedding the head shares."""
     final = settings.feature_weight > 0
+    # Mixed precision (training/mixed_precision.py): the head and the states it reads in compute_dtype.
+    config, head_params = compute_copy(settings.compute_dtype, config, head_params)
     if settings.compute_dtype != "float32":
-        config, head_params, side = _in_compute_dtype(settings.compute_dtype, config, head_params, side)
+        side = {**side, "multi": side["multi"].astype(settings.compute_dtype)}
     params = {**head_params, **({} if vocab.is_identity else {"d2t": jnp.asarray(vocab.d2t)})}
     ids = jnp.asarray(vocab.tokens, jnp.int32)  # [Vd]: the draft vocabulary's target ids
     steps, detach = settings.ttt_steps, settings.detach_feedback
@@ -300,22 +300,6 @@ def ttt_loss_from(
         total = total + weight * step_loss
         parts.append(jnp.stack(row))
     return total, jnp.stack(parts, axis=1)  # [], [P, N]
-
-
-def _in_compute_dtype(dtype: str, config: ModelConfig, head_params: dict, side: dict):
-    """The head's layer config, weights and input states in `dtype` (Eagle3Config.compute_dtype).
-    The cast is inside the differentiated loss, so the gradients reach the float32 weights
-    as float32; the layer's cache takes config.dtype, so attention runs in `dtype` too."""
-    dt = jnp.dtype(dtype)
-
-    def cast(x):
-        return x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) else x
-
-    return (
-        dataclasses.replace(config, dtype=dtype),
-        jax.tree.map(cast, head_params),
-        {**side, "multi": cast(side["multi"])},
-    )
 
 
 @dataclasses.dataclass(frozen=True)

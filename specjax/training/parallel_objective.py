@@ -30,6 +30,7 @@ import optax
 
 from specjax.models import ModelConfig, TreeMask, forward, full_forward, init_cache
 from specjax.training.divergences import get_divergence
+from specjax.training.mixed_precision import cast_floats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +182,7 @@ def parallel_loss(
     offset 0 of the metrics is the ordinary next-token term, offset i the i-th masks'."""
     b, t = tokens.shape[0], tokens.shape[1] - 1
     m = parallel.num_masks
+    draft_params = cast_floats(draft_params, draft_config.dtype)  # mixed precision: distill's compute_dtype
     logits, positions = packed_logits(draft_config, draft_params, tokens, anchors, m, mask_token_id)
     # Every output at position p predicts x_{p+1}, taught by the target's output at p.
     if objective == "next_token":
