@@ -194,6 +194,23 @@ def test_bfloat16_compute_is_the_float32_loss_within_its_rounding(paths, stores)
         dataclasses.replace(stored_loss.settings, compute_dtype="float16")
 
 
+def test_scoring_every_position_is_the_unmasked_loss(paths, stores):
+    """eagle3.score all: the loss of a masked dataset batch is the loss with no mask (every
+    position, the prompts too), which the mask's loss is not."""
+    config, _ = stores["dataset"]
+    target = specjax.load_model(paths / "target")
+    _, stored_loss, params = _start(config, target)
+    every = dataclasses.replace(stored_loss, settings=dataclasses.replace(stored_loss.settings, score="all"))
+    batch, mask = _stored_batches(config, target, None)(1)
+    assert mask is not None and 0 < mask.sum() < mask.size
+    unmasked = _loss_and_grad_norm(stored_loss, target, params, batch, None)
+    got = _loss_and_grad_norm(every, target, params, batch, mask)
+    np.testing.assert_allclose(got[0], unmasked[0], rtol=1e-6)
+    assert abs(got[0] - _loss_and_grad_norm(stored_loss, target, params, batch, mask)[0]) > 1e-3 * abs(got[0])
+    with pytest.raises(ValueError, match=r"eagle3\.score"):
+        dataclasses.replace(stored_loss.settings, score="prompts")
+
+
 def _files(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 

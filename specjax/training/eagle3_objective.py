@@ -65,6 +65,11 @@ class Eagle3Config:
     # "float32", or "bfloat16": mixed precision (training/mixed_precision.py). On the Xeon with
     # AMX a SmolLM2 step took 0.67 of its float32 time (results/feature_store).
     compute_dtype: str = "float32"
+    # Which positions of a dataset's windows the loss scores: "targets" (the dataset's: the
+    # assistant turns of chats, as SpecForge masks them) or "all" (the prompts too: the
+    # target's distribution teaches at every position, as on plain text). The draft
+    # vocabulary is counted over the targets either way: it is what the head proposes.
+    score: str = "targets"
 
     def __post_init__(self):
         if self.draft_vocab_size < 0:
@@ -76,6 +81,8 @@ class Eagle3Config:
         if self.lm_head_init not in ("random", "target"):
             raise ValueError(f"eagle3.lm_head_init must be 'random' or 'target', got {self.lm_head_init!r}")
         check_compute_dtype("eagle3.compute_dtype", self.compute_dtype)
+        if self.score not in ("targets", "all"):
+            raise ValueError(f"eagle3.score must be 'targets' or 'all', got {self.score!r}")
         if self.step_decay <= 0 or self.feature_weight < 0:
             raise ValueError(
                 f"eagle3.step_decay must be > 0 and feature_weight >= 0, got {self.step_decay}, {self.feature_weight}"
@@ -260,6 +267,7 @@ def ttt_loss_from(
     """`ttt_loss` from the target's side already computed (`target_side`, or read from a
     feature store): target_params is read only for the embedding the head shares."""
     final = settings.feature_weight > 0
+    mask = None if settings.score == "all" else mask  # every position, as on the corpus
     # Mixed precision (training/mixed_precision.py): the head and the states it reads in compute_dtype.
     config, head_params = compute_copy(settings.compute_dtype, config, head_params)
     if settings.compute_dtype != "float32":
