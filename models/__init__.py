@@ -11,7 +11,7 @@ import functools
 import jax.numpy as jnp
 from flax import nnx
 
-from .attention import BlockMask, TreeMask
+from .attention import BlockMask, Packed, TreeMask
 from .cache import KVCache, init_cache
 from .config import LLAMA_FAMILY, MODEL_TYPES, ModelConfig
 from .gemma import Gemma2, Gemma3
@@ -55,6 +55,7 @@ def forward(
     cache: KVCache,
     tree: TreeMask | BlockMask | None = None,
     features: bool | tuple[int, ...] = False,
+    packed: Packed | None = None,
 ):
     """Pure forward: (params, tokens [B, T], positions [B, T], cache) -> (logits [B, T, V], cache).
 
@@ -64,9 +65,15 @@ def forward(
     `cache.lengths` to the caller. `features=True` also
     returns the hidden states the LM head reads, [B, T, D]: (logits, cache, features);
     `features=(i, j, ..)` returns instead the outputs of blocks i, j, .. concatenated,
-    [B, T, n * D] (llama.decode; a bad index is a ValueError naming it).
+    [B, T, n * D] (llama.decode; a bad index is a ValueError naming it). `packed` (a
+    Packed) computes only the tokens it admits, a prefix of each row, in one row of N
+    products (models/attention.py); the rest of the call's logits and features are zeros.
     """
-    return nnx.merge(graphdef(config), params)(tokens, positions, cache, tree, features)
+    if packed is None:
+        return nnx.merge(graphdef(config), params)(tokens, positions, cache, tree, features)
+    if tree is not None or config.model_type == "gpt2":
+        raise ValueError(f"a packed call takes no tree or block mask, and no {config.model_type} model")
+    return nnx.merge(graphdef(config), params)(tokens, positions, cache, tree, features, packed=packed)
 
 
 def full_forward(config: ModelConfig, params: dict, tokens, features: bool | tuple[int, ...] = False):
@@ -83,6 +90,7 @@ __all__ = [
     "BlockMask",
     "KVCache",
     "ModelConfig",
+    "Packed",
     "TreeMask",
     "feature_layers",
     "feature_width",

@@ -115,6 +115,34 @@ class BlockMask:
         return block_visibility(slots, self.slots, self.start, self.width, self.mode)
 
 
+@struct.dataclass
+class Packed:
+    """A call that computes only some of its [B, T] tokens (a per-row verify width, rows
+    that are done): the admitted tokens `index` [N] (flat, row-major into B * T) run every
+    per-token product as one row [1, N, ...], so a call's matrix work is N tokens, not
+    B * T. Attention alone is laid out [B, T] again (each row reads its own cache): q, k and
+    v are scattered there, zeros at the tokens left out, which are written to their slots
+    like any call's tokens (a round's slots past what it commits are rewritten before they
+    are read) and attend to nothing they may corrupt: every admitted token must see only
+    admitted tokens of its row, i.e. each row's admitted tokens are a prefix of its call.
+    `index` may repeat an admitted token to fill a bucket (the same values are written).
+    """
+
+    index: jax.Array  # [N] int32 in [0, B * T)
+    shape: tuple[int, int] = struct.field(pytree_node=False)  # (B, T) of the call
+
+    def gather(self, x: jax.Array) -> jax.Array:
+        """x [B, T, ...] -> [1, N, ...]: the admitted tokens as one row."""
+        b, t = self.shape
+        return x.reshape(b * t, *x.shape[2:])[self.index][None]
+
+    def scatter(self, x: jax.Array) -> jax.Array:
+        """x [1, N, ...] -> [B, T, ...]: back to the call's layout, zeros where left out."""
+        b, t = self.shape
+        flat = jnp.zeros((b * t, *x.shape[2:]), x.dtype).at[self.index].set(x[0])
+        return flat.reshape(b, t, *x.shape[2:])
+
+
 def _visibility(slots, positions, tree: TreeMask | BlockMask | None, window: int | None = None):
     """slots [S'] -> [B, T, S']: slot s is visible iff s <= position, or by the tree's (or
     block's) rule, and, with a sliding window, only if position - s < window."""

@@ -160,9 +160,12 @@ class Attention(nnx.Module):
         self.has_qk_norm = qk_norm is not None
         self.config = config
 
-    def __call__(self, x, positions, cache: KVCache, layer: int, tree: TreeMask | None = None):
-        """x: [B, T, D]; positions: [B, T]. Returns ([B, T, D], cache with this layer written)."""
+    def __call__(self, x, positions, cache: KVCache, layer: int, tree: TreeMask | None = None, packed=None):
+        """x: [B, T, D]; positions: [B, T]. Returns ([B, T, D], cache with this layer written).
+        `packed` (attention.Packed): x is the admitted tokens [1, N, D], positions the call's
+        [B, T]; the products run on [1, N], attention on [B, T] (Packed's docstring)."""
         cfg = self.config
+        mine = positions if packed is None else packed.gather(positions)  # [B, T] or [1, N]
         q = _project(self, "q_proj", x)  # [B, T, H, d_head]
         if cfg.attention_bias:
             q = q + self.q_bias[...]
@@ -170,15 +173,17 @@ class Attention(nnx.Module):
             q = self.q_norm(q)
         # The layer's rotary variant: Gemma 3 uses another base on its sliding layers.
         inv_freq, attention_factor = frequencies(cfg.resolved_head_dim, *cfg.layer_rope(layer))
-        q = rotary(q, positions, inv_freq, attention_factor)
-        k, v = self.keys_values(x, positions, layer)
+        q = rotary(q, mine, inv_freq, attention_factor)
+        k, v = self.keys_values(x, mine, layer)
         if cfg.query_pre_attn_scalar is not None:
             # attend divides scores by sqrt(d_head); Gemma divides them by sqrt(query_pre_attn_scalar).
             q = q * jnp.asarray((cfg.resolved_head_dim / cfg.query_pre_attn_scalar) ** 0.5, q.dtype)
+        if packed is not None:
+            q, k, v = packed.scatter(q), packed.scatter(k), packed.scatter(v)  # [B, T, heads, d_head]
         window, softcap = cfg.layer_window(layer), cfg.attn_logit_softcapping
         fixed = fixed_order(cfg)
         out, cache = attend(q, k, v, positions, cache, layer, tree, window=window, softcap=softcap, fixed=fixed)
-        out = _project(self, "o_proj", out)  # [B, T, D]
+        out = _project(self, "o_proj", out if packed is None else packed.gather(out))  # [B, T, D] or [1, N, D]
         if cfg.o_proj_bias:
             out = out + self.o_bias[...]
         return out, cache
@@ -245,8 +250,8 @@ class Block(nnx.Module):
             self.mlp_out_norm = norm(d, eps, dtype)
         self.sandwich = sandwich
 
-    def __call__(self, x, positions, cache: KVCache, layer: int, tree: TreeMask | None = None):
-        h, cache = self.attn(self.input_norm(x), positions, cache, layer, tree)
+    def __call__(self, x, positions, cache: KVCache, layer: int, tree: TreeMask | None = None, packed=None):
+        h, cache = self.attn(self.input_norm(x), positions, cache, layer, tree, packed)
         x = x + (self.attn_out_norm(h) if self.sandwich else h)
         h = self.mlp(self.post_attention_norm(x))
         return x + (self.mlp_out_norm(h) if self.sandwich else h), cache
@@ -279,7 +284,10 @@ def feature_width(config: ModelConfig, features) -> int:
     return config.hidden_size * (1 if layers is None else len(layers))
 
 
-def decode(model: nnx.Module, x, positions, cache: KVCache, tree: TreeMask | None = None, features=False, head=None):
+def decode(
+    model: nnx.Module, x, positions, cache: KVCache, tree: TreeMask | None = None, features=False, head=None,
+    packed=None,
+):  # fmt: skip
     """The part every family shares: blocks, final norm, (tied) LM head, cache lengths.
 
     x: embedded tokens [B, T, D] -> (logits [B, T, V] float32, updated cache), plus with
@@ -289,11 +297,17 @@ def decode(model: nnx.Module, x, positions, cache: KVCache, tree: TreeMask | Non
       layer indices (i0, i1, ..): the residual stream after each of those blocks (block i's
         output, before any final norm), concatenated in that order, [B, T, len * D]:
         EAGLE-3 reads a low, a middle and a high layer this way.
+    `packed` (attention.Packed): x holds the admitted tokens [1, N, D]; the logits and
+    features come back in the call's [B, T] layout, zeros at the tokens left out.
     """
     layers = feature_layers(features, len(model.layers))
     taken = {}  # layer -> [B, T, D]; only the selected ones are kept alive
     for layer, block in enumerate(model.layers):
-        x, cache = block(x, positions, cache, layer, tree)
+        x, cache = (
+            block(x, positions, cache, layer, tree)
+            if packed is None
+            else block(x, positions, cache, layer, tree, packed)
+        )
         if layers is not None and layer in layers:
             taken[layer] = x
     x = model.final_norm(x)
@@ -306,11 +320,12 @@ def decode(model: nnx.Module, x, positions, cache: KVCache, tree: TreeMask | Non
     # its positions, and which of them become committed is the caller's to say.
     if tree is None:
         cache = cache.replace(lengths=jnp.max(positions, axis=1).astype(jnp.int32) + 1)
+    laid = (lambda a: a) if packed is None else packed.scatter  # back to [B, T, ...]
     if layers is not None:
-        return logits, cache, jnp.concatenate([taken[i] for i in layers], axis=-1)  # [B, T, len * D]
+        return laid(logits), cache, laid(jnp.concatenate([taken[i] for i in layers], axis=-1))  # [B, T, len * D]
     if features:
-        return logits, cache, x
-    return logits, cache
+        return laid(logits), cache, laid(x)
+    return laid(logits), cache
 
 
 class Llama(nnx.Module):
@@ -339,10 +354,15 @@ class Llama(nnx.Module):
             _matrix(self, "lm_head", rngs.params(), (config.hidden_size, config.vocab_size), dtype, config)
         self.config = config
 
-    def __call__(self, tokens, positions, cache: KVCache, tree: TreeMask | None = None, features=False):
+    def __call__(
+        self, tokens, positions, cache: KVCache, tree: TreeMask | None = None, features=False, packed=None
+    ):  # fmt: skip
         """tokens, positions: [B, T] int32 -> (logits [B, T, V] float32, updated cache[, features]);
-        `features`: False, True or layer indices, as `decode` takes them."""
-        return decode(self, self.embed_tokens(tokens), positions, cache, tree, features)
+        `features`: False, True or layer indices, as `decode` takes them; `packed`: the
+        tokens to compute (attention.Packed), the others' logits zero."""
+        if packed is None:
+            return decode(self, self.embed_tokens(tokens), positions, cache, tree, features)
+        return decode(self, self.embed_tokens(packed.gather(tokens)), positions, cache, tree, features, packed=packed)
 
     def embed_tokens(self, tokens):  # [B, T] -> [B, T, D]
         return embedding(self, tokens)
