@@ -50,6 +50,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--mixed", action="store_true", help="rows that differ in acceptance (see above)")
     parser.add_argument("--seeds", type=int, default=1, help="generations per timed call under sampling (see above)")
+    parser.add_argument("--decay", type=float, default=0.9, help="the schedules' VerifySchedule.decay")
     parser.add_argument("--out", default="results/verify_schedule/verify_schedule.json")
     args = parser.parse_args()
 
@@ -81,8 +82,8 @@ def main() -> None:
                 target, draft, batch, args.k, context=context, ks=ks, sampling=config.sampling
             )
             schedules = {
-                "schedule": specjax.VerifySchedule(costs=costs, chain_costs=chain_costs),
-                "confidence only": specjax.VerifySchedule(costs=costs, chains=False),
+                "schedule": specjax.VerifySchedule(costs=costs, chain_costs=chain_costs, decay=args.decay),
+                "confidence only": specjax.VerifySchedule(costs=costs, chains=False, decay=args.decay),
             }
             for name, schedule in schedules.items():
                 calls[name] = prepared(
@@ -129,7 +130,8 @@ def main() -> None:
     command = "python scripts/verify_schedule.py " + " ".join(
         [f"--batch {' '.join(map(str, args.batch))}", f"--temperature {' '.join(map(str, args.temperature))}",
          f"--draft {args.draft}", "--mixed" * args.mixed,
-         f"--new {args.new}", f"--k {args.k}", f"--repeats {args.repeats}", f"--seeds {args.seeds}"]
+         f"--new {args.new}", f"--k {args.k}", f"--repeats {args.repeats}", f"--seeds {args.seeds}",
+         f"--decay {args.decay}"]
     )  # fmt: skip
     result = {"command": command, "environment": environment(), "device": str(jax.devices()[0]), "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
