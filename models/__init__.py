@@ -73,6 +73,8 @@ def forward(
         return nnx.merge(graphdef(config), params)(tokens, positions, cache, tree, features)
     if tree is not None or config.model_type == "gpt2":
         raise ValueError(f"a packed call takes no tree or block mask, and no {config.model_type} model")
+    if tuple(tokens.shape) != tuple(packed.shape):
+        raise ValueError(f"a packed call's tokens are {tuple(tokens.shape)}, its Packed says {packed.shape}")
     return nnx.merge(graphdef(config), params)(tokens, positions, cache, tree, features, packed=packed)
 
 

@@ -100,7 +100,8 @@ def _eagle3(path: str):
     config = load_config(HeadTrainConfig, path, ["features.store=unused"])
     target = resolve_model(config.target)
     kind = head_kind(config, target, Path(tempfile.mkdtemp()))
-    rows, length = config.batch_size, config.dataset.seq_len if config.dataset else config.data.seq_len
+    # A dataset store's windows are seq_len + 1 tokens (the last one only predicted).
+    rows, length = config.batch_size, config.dataset.seq_len + 1 if config.dataset else config.data.seq_len
     rng = np.random.default_rng(0)
     d, vd = target.config.hidden_size, config.eagle.eagle3.draft_vocab_size or target.config.vocab_size
     n = len(config.eagle.feature_layers) if config.eagle.feature_layers else 3

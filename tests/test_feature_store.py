@@ -195,20 +195,26 @@ def test_bfloat16_compute_is_the_float32_loss_within_its_rounding(paths, stores)
 
 
 def test_scoring_every_position_is_the_unmasked_loss(paths, stores):
-    """eagle3.score all: the loss of a masked dataset batch is the loss with no mask (every
-    position, the prompts too), which the mask's loss is not."""
+    """eagle3.score all: the loss of a masked dataset batch is the loss over every position up
+    to each window's last scored one (the prompts too, no padding), which the mask's loss is
+    not; and a store built for one run length serves another (the vocabulary is the split's)."""
     config, _ = stores["dataset"]
     target = specjax.load_model(paths / "target")
     _, stored_loss, params = _start(config, target)
     every = dataclasses.replace(stored_loss, settings=dataclasses.replace(stored_loss.settings, score="all"))
     batch, mask = _stored_batches(config, target, None)(1)
-    assert mask is not None and 0 < mask.sum() < mask.size
-    unmasked = _loss_and_grad_norm(stored_loss, target, params, batch, None)
+    mask = mask.copy()
+    mask[:, :5] = 0.0  # as a chat's prompt is: unscored positions before the scored ones
+    real = np.flip(np.maximum.accumulate(np.flip(mask, 1), axis=1), 1)  # up to the last scored position
+    assert real.sum() > mask.sum() and real.sum() < real.size  # the prompt in, the window's end out
+    unmasked = _loss_and_grad_norm(stored_loss, target, params, batch, real)
     got = _loss_and_grad_norm(every, target, params, batch, mask)
     np.testing.assert_allclose(got[0], unmasked[0], rtol=1e-6)
     assert abs(got[0] - _loss_and_grad_norm(stored_loss, target, params, batch, mask)[0]) > 1e-3 * abs(got[0])
     with pytest.raises(ValueError, match=r"eagle3\.score"):
         dataclasses.replace(stored_loss.settings, score="prompts")
+    longer = dataclasses.replace(config, steps=3 * config.steps)
+    np.testing.assert_array_equal(_stored_batches(longer, target, None)(1)[0]["tokens"], batch["tokens"])
 
 
 def _files(directory: Path) -> dict[str, bytes]:

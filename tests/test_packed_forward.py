@@ -84,3 +84,5 @@ def test_a_packed_call_refuses_a_tree_and_gpt2():
     tree = TreeMask(start=jnp.zeros((1,), jnp.int32), slots=zeros, visible=jnp.ones((2, 2), bool))
     with pytest.raises(ValueError, match="packed"):
         forward(TARGET_CONFIG, {}, zeros, zeros, None, tree=tree, packed=_packed(6))
+    with pytest.raises(ValueError, match="Packed says"):  # tokens of another shape than the Packed's
+        forward(TARGET_CONFIG, {}, zeros, zeros, None, packed=_packed(6))

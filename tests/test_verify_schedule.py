@@ -351,6 +351,40 @@ def test_the_schedule_counts_the_evidence_at_reached_positions():
     np.testing.assert_allclose(verdicts.hits, [1.0, 0.0, 0.0, 0.0])
 
 
+def test_a_sampled_round_teaches_the_acceptance_probability_a_greedy_one_the_verdict(pair8):  # noqa: F811
+    """The wiring: a scheduled round at T = 1 folds, at every reached position, the
+    probability that the rule accepts the draft there (strictly between 0 and 1 somewhere,
+    not the verdicts); at T = 0 the verdicts themselves. One round from the start, so the
+    pooled hits of position 1 are the batch's sum of what that round counted."""
+    from specjax.engine import verify_schedule as vs
+
+    target, draft = pair8
+    weights = as_drafter(draft).weights()
+    schedule = {"widths": [1, 2, 4], "costs": {1: 1.0, 2: 1.1, 4: 1.3}, "chains": False}
+    speculative = specjax.SpeculativeConfig.from_mapping({"num_speculative_tokens": 3, "verify_schedule": schedule})
+    prompts = [PROMPT, [4, 5], [6, 1, 2, 3], [7, 7]]
+
+    @jax.jit
+    def widest_round(state):
+        drafted = vs._draft(target.params, weights, state)
+        _, accepted, expected = vs._commit(2, target.params, weights, state, drafted)
+        return accepted, expected, vs._verify(2, target.params, weights, state, drafted).schedule
+
+    for temperature in (1.0, 0.0):
+        config = specjax.GenerationConfig.at_temperature(temperature, max_new_tokens=4, seed=5)
+        state = specjax.init_state(target, prompts, config, draft=draft, speculative=speculative)
+        accepted, expected, sched = widest_round(state)
+        accepted, expected = np.asarray(accepted), np.asarray(expected)  # [B], [B, 3]
+        verdicts = (np.arange(3)[None, :] < accepted[:, None]).astype(np.float32)
+        if temperature:
+            assert np.all((expected >= 0) & (expected <= 1)) and np.any((expected > 0.01) & (expected < 0.99))
+            assert not np.array_equal(expected, verdicts)
+        else:
+            np.testing.assert_array_equal(expected, verdicts)
+        np.testing.assert_allclose(float(sched.hits[0]), expected[:, 0].sum(), rtol=1e-6)
+        assert float(sched.tries[0]) == len(prompts)
+
+
 def test_runs_of_rounds_are_the_rounds_one_switch_each_would_be(pair8, monkeypatch):  # noqa: F811
     """schedule_round runs rounds that choose the same width in one while loop, carrying the
     next round's proposal across runs and drafting it again after a call's last round: every

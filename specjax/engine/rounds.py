@@ -113,9 +113,11 @@ def verify_proposal(
     else:
         p = probabilities(logits, plan.sampling)  # [B, k+1, V]; greedy: the one-hot on each argmax
         num_accepted, next_token = plan.rule(accept_key, drafts, p, proposal.q)  # [B], [B]
-    if k > 0 and not plan.sampling.greedy and plan.rule is rejection_sampling_rule:
+    if not expect:
+        evidence = None
+    elif k > 0 and not plan.sampling.greedy and plan.rule is rejection_sampling_rule:
         evidence = acceptance_probability(drafts, p, proposal.q)  # [B, k]
-    else:
+    else:  # greedy (the verdict is its own mean), or a rule that does not accept token by token
         evidence = (jnp.arange(k)[None, :] < num_accepted[:, None]).astype(jnp.float32)  # [B, k]: the verdicts
 
     # Candidates [d_1..d_n, next, ...]: the first n + 1 count (before EOS/max cuts).

@@ -88,6 +88,8 @@ def draft_confidence(proposal: Proposal, greedy: bool):
 class ScheduleState:
     """The schedule's part of the loop state (LoopState.schedule)."""
 
+    # The hits here and below count, at each position a round reached, its acceptance: the
+    # verdict (0/1), or under sampling the probability that the rule accepts it (fold's `expected`).
     hits: jax.Array  # [K] float32: forgotten counts of accepted draft positions, pooled over rows
     tries: jax.Array  # [K] float32: forgotten counts of verified-and-reached positions
     said: jax.Array  # [K] float32: forgotten sums of the confidence of those positions (calibration)

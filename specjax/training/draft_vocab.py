@@ -13,8 +13,8 @@ order tokens were first seen in, which depends on how the data is sharded; by id
 same rule made independent of that.
 
 The counts come from the run's own training stream (`training_batch` for every step of the
-run, a pure function of (data, seed, step); with a user dataset, its batches' target tokens
-only: training/run_data.py), and the selection is written to
+run, a pure function of (data, seed, step)), or with a user dataset from its training split's
+target tokens, every window once (training/run_data.train_examples), and the selection is written to
 OUT/draft_vocab.json before the first step, so a resumed run reads it back instead of
 counting again, and the file says what the head was trained over.
 """

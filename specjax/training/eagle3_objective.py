@@ -67,8 +67,9 @@ class Eagle3Config:
     compute_dtype: str = "float32"
     # Which positions of a dataset's windows the loss scores: "targets" (the dataset's: the
     # assistant turns of chats, as SpecForge masks them) or "all" (the prompts too: the
-    # target's distribution teaches at every position, as on plain text). The draft
-    # vocabulary is counted over the targets either way: it is what the head proposes.
+    # target's distribution teaches at every position up to a window's last target, so never
+    # the padding). The draft vocabulary is counted over the targets either way: it is what
+    # the head proposes.
     score: str = "targets"
 
     def __post_init__(self):
@@ -267,7 +268,11 @@ def ttt_loss_from(
     """`ttt_loss` from the target's side already computed (`target_side`, or read from a
     feature store): target_params is read only for the embedding the head shares."""
     final = settings.feature_weight > 0
-    mask = None if settings.score == "all" else mask  # every position, as on the corpus
+    if settings.score == "all" and mask is not None:
+        # Every position up to the window's last scored one: the prompts too, never the padding
+        # that ends a split's last window (or, unpacked, every record's row). In a packed
+        # window the next chat's prompt after its last answer token is left out too.
+        mask = jnp.flip(jax.lax.cummax(jnp.flip(mask, axis=1), axis=1), axis=1)
     # Mixed precision (training/mixed_precision.py): the head and the states it reads in compute_dtype.
     config, head_params = compute_copy(settings.compute_dtype, config, head_params)
     if settings.compute_dtype != "float32":
