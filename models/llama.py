@@ -251,7 +251,9 @@ class Block(nnx.Module):
         self.sandwich = sandwich
 
     def __call__(self, x, positions, cache: KVCache, layer: int, tree: TreeMask | None = None, packed=None):
-        h, cache = self.attn(self.input_norm(x), positions, cache, layer, tree, packed)
+        # `packed` only when given: GPT-2's attention, plugged into this block, takes none.
+        attn = self.attn if packed is None else functools.partial(self.attn, packed=packed)
+        h, cache = attn(self.input_norm(x), positions, cache, layer, tree)
         x = x + (self.attn_out_norm(h) if self.sandwich else h)
         h = self.mlp(self.post_attention_norm(x))
         return x + (self.mlp_out_norm(h) if self.sandwich else h), cache
