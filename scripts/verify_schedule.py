@@ -15,6 +15,10 @@ repeated line) and the four prose/code prompts, so that acceptance differs betwe
 counts add up over them. At batch 1 every program samples its own text, so one seed compares
 texts as much as schedules; N of them average that out.
 
+--acceptance: also time "schedule, measured acceptance": the schedule started from the
+acceptance per position a static chain of K measured beforehand on other prompts (and other
+seeds), as a caller carries it from earlier calls of the same pair (VerifySchedule.acceptance).
+
     python scripts/verify_schedule.py --batch 1 4 --temperature 0 1 --new 64
 """
 
@@ -29,6 +33,7 @@ import jax
 
 import specjax
 from specjax.bench.timing import environment, interleaved
+from specjax.engine.output import acceptance_metrics
 from specjax.engine.verify_costs import measure_schedule_costs
 
 PROMPTS = [
@@ -36,6 +41,13 @@ PROMPTS = [
     "The history of the printing press begins",
     "import numpy as np\n\ndef softmax(x):\n",
     "Once upon a time, in a small village,",
+]
+# Where --acceptance measures the acceptance the schedule starts from: not the timed prompts.
+CALIBRATION = [
+    "def read_lines(path):\n    with open(path) as f:\n",
+    "The river runs through the valley and",
+    "class Stack:\n    def __init__(self):\n",
+    "In the beginning of the twentieth century,",
 ]
 REPEATED = "for i in range(10):\n    print(i)\n" * 6  # the drafter continues this well
 
@@ -51,6 +63,7 @@ def main() -> None:
     parser.add_argument("--mixed", action="store_true", help="rows that differ in acceptance (see above)")
     parser.add_argument("--seeds", type=int, default=1, help="generations per timed call under sampling (see above)")
     parser.add_argument("--decay", type=float, default=0.9, help="the schedules' VerifySchedule.decay")
+    parser.add_argument("--acceptance", action="store_true", help="also start a schedule from measured acceptance")
     parser.add_argument("--out", default="results/verify_schedule/verify_schedule.json")
     args = parser.parse_args()
 
@@ -85,6 +98,11 @@ def main() -> None:
                 "schedule": specjax.VerifySchedule(costs=costs, chain_costs=chain_costs, decay=args.decay),
                 "confidence only": specjax.VerifySchedule(costs=costs, chains=False, decay=args.decay),
             }
+            if args.acceptance:
+                schedules["schedule, measured acceptance"] = specjax.VerifySchedule(
+                    costs=costs, chain_costs=chain_costs, decay=args.decay,
+                    acceptance=measured_acceptance(target, draft, batch, args.k, configs),
+                )  # fmt: skip
             for name, schedule in schedules.items():
                 calls[name] = prepared(
                     specjax.SpeculativeConfig(num_speculative_tokens=args.k, verify_schedule=schedule)
@@ -106,6 +124,8 @@ def main() -> None:
                     "mean_acceptance_length": statistics.mean(x.mean_acceptance_length for x in stats),
                 }
                 if name in schedules:
+                    if schedules[name].acceptance is not None:
+                        row["acceptance"] = list(schedules[name].acceptance)
                     row["cost_context"] = context
                     row["costs_ms"] = {w: round(1e3 * c, 3) for w, c in costs.items()}
                     row["chain_costs_ms"] = {k: round(1e3 * c, 3) for k, c in chain_costs.items()}
@@ -131,11 +151,26 @@ def main() -> None:
         [f"--batch {' '.join(map(str, args.batch))}", f"--temperature {' '.join(map(str, args.temperature))}",
          f"--draft {args.draft}", "--mixed" * args.mixed,
          f"--new {args.new}", f"--k {args.k}", f"--repeats {args.repeats}", f"--seeds {args.seeds}",
-         f"--decay {args.decay}"]
+         f"--decay {args.decay}", "--acceptance" * args.acceptance]
     )  # fmt: skip
     result = {"command": command, "environment": environment(), "device": str(jax.devices()[0]), "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+def measured_acceptance(target, draft, batch: int, k: int, configs) -> tuple[float, ...]:
+    """The acceptance per position of a static chain of K on the CALIBRATION prompts, at seeds
+    1000 + those of `configs`, pooled: what earlier calls of the pair would have measured."""
+    speculative = specjax.SpeculativeConfig(num_speculative_tokens=k)
+    prompts = [CALIBRATION[i % len(CALIBRATION)] for i in range(batch)]
+    counts, reached = [0] * k, [0] * k  # the counters, pooled over texts; the rates derive from them
+    for c in configs:
+        config = c.replace(seed=1000 + c.seed)
+        stats = specjax.generate(target, prompts, config, draft=draft, speculative=speculative).stats
+        counts = [a + b for a, b in zip(counts, stats.accepted_counts, strict=True)]
+        reached = [a + b for a, b in zip(reached, stats.position_rounds, strict=True)]
+    rates = acceptance_metrics(0, 0, 0, counts, reached)["accepted_per_position"]
+    return tuple(round(r, 4) for r in rates[: next((i for i, n in enumerate(reached) if not n), k)] or [0.5])
 
 
 if __name__ == "__main__":

@@ -4,14 +4,18 @@ core/acceptance.acceptance_probability); under greedy, the verdict."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_sampling import PROMPT, pair8  # noqa: F401
+from test_sampling import P_VALUE_PASS, PROMPT, SAMPLES, _exact_joint, pair8  # noqa: F401
 
 import specjax
+from specjax.bench.distribution import chi_square_p_value
 from specjax.core.acceptance import rejection_sampling_rule
+from specjax.core.sampling import SamplingConfig
 from specjax.drafters.convert import as_drafter
 from specjax.engine.verify_schedule import VerifySchedule
 
@@ -93,3 +97,72 @@ def test_a_sampled_round_teaches_the_acceptance_probability_a_greedy_one_the_ver
             np.testing.assert_array_equal(expected, verdicts)
         np.testing.assert_allclose(float(sched.hits[0]), expected[:, 0].sum(), rtol=1e-6)
         assert float(sched.tries[0]) == len(prompts)
+
+
+def test_acceptance_measured_before_the_call_is_where_the_schedule_starts():
+    """VerifySchedule.acceptance: `acceptance_rounds` rounds of pooled evidence before the
+    first round, so the first choice follows it (without it: the widest chain, which
+    measures every position), and it fades with `decay` as the call's own rounds come."""
+    from specjax.engine.schedule_policy import choose_arm, fold, init_schedule
+
+    base = VerifySchedule(widths=(1, 2, 3, 5), chain_costs={1: 1.0, 2: 1.2, 4: 1.6})
+    live = jnp.ones((2,), bool)
+
+    def first(config):
+        config = config.resolved(4)
+        return int(choose_arm(init_schedule(2, 4, config), config, live, confident=False))
+
+    assert first(base) == 2  # no evidence: the widest chain first
+    assert first(dataclasses.replace(base, acceptance=(0.2,))) == 0  # K = 1 (1.2 / 1.0) beats K = 4
+    assert first(dataclasses.replace(base, acceptance=(0.95, 0.9))) == 2  # K = 4 (4.25 / 1.6 > 2.81 / 1.2)
+    config = dataclasses.replace(base, acceptance=(0.9, 0.6, 0.3, 0.2, 0.1), acceptance_rounds=2.0).resolved(4)
+    sched = init_schedule(2, 4, config)
+    np.testing.assert_allclose(sched.chain_hits, [1.8, 1.2, 0.6, 0.4], rtol=1e-6)  # cut to K = 4
+    np.testing.assert_allclose(sched.chain_tries, [2.0] * 4)
+    assert not np.any(sched.row_tries)  # rows start from the pooled rates, with no evidence of their own
+    after = fold(sched, config, 3, jnp.asarray([4, 4]), live, None, None, 4, 4)
+    np.testing.assert_allclose(after.chain_tries, 2.0 * config.decay + 2.0, rtol=1e-6)
+    assert VerifySchedule(acceptance=[0.5]).acceptance_vector(3).tolist() == [0.5, 0.5, 0.5]  # extended by the last
+
+
+def test_configs_with_acceptance_parse_and_bad_ones_are_refused():
+    spec = specjax.SpeculativeConfig.parse({"verify_schedule": {"acceptance": [0.9, 0.5], "acceptance_rounds": 2}})
+    assert spec.verify_schedule.acceptance == (0.9, 0.5) and hash(spec.verify_schedule)
+    for value, match in [
+        ([1.2], r"probabilities in \[0, 1\]"),
+        ([], r"probabilities in \[0, 1\]"),
+        ("0.9", "a list of probabilities"),
+        ([0.5, "high"], "a list of probabilities"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            specjax.SpeculativeConfig(verify_schedule={"acceptance": value})
+    with pytest.raises(ValueError, match="acceptance_rounds must be > 0"):
+        VerifySchedule(acceptance=(0.5,), acceptance_rounds=0)
+
+
+def test_a_schedule_started_from_measured_acceptance_stays_exact(pair8):  # noqa: F811
+    """Evidence from before the call moves the first rounds' arms (low acceptance: a chain
+    of 1 where the widest chain would run) and nothing else: greedy equals plain greedy
+    whatever it says, and sampled output keeps the target's joint of the first two tokens."""
+    target, draft = pair8
+    greedy = specjax.GenerationConfig(max_new_tokens=8)
+    plain = specjax.generate(target, [PROMPT, [4, 5], [6, 1, 2, 3]], greedy).tokens
+    schedule = {"widths": [1, 2, 4], "costs": {1: 1.0, 2: 1.1, 4: 1.3}}
+    arms = {}
+    for acceptance in (None, [0.02], [0.98]):
+        spec = {"num_speculative_tokens": 3, "verify_schedule": {**schedule, "acceptance": acceptance}}
+        speculative = specjax.SpeculativeConfig.from_mapping(spec)
+        out = specjax.generate(target, [PROMPT, [4, 5], [6, 1, 2, 3]], greedy, draft=draft, speculative=speculative)
+        assert out.tokens == plain, acceptance
+        arms[str(acceptance)] = out.stats.drafter["schedule_chain_1_rounds"]
+    assert arms["[0.02]"] > arms["[0.98]"], arms
+
+    config = specjax.GenerationConfig.at_temperature(1.0, max_new_tokens=2, seed=13)
+    # (a margin that keeps the confidence arm out: the chain the evidence picks runs first)
+    spec = {"num_speculative_tokens": 3, "verify_schedule": {**schedule, "acceptance": [0.02], "confidence_margin": 9}}
+    speculative = specjax.SpeculativeConfig.from_mapping(spec)
+    out = specjax.generate(target, [PROMPT] * (SAMPLES // 2), config, draft=draft, speculative=speculative)
+    tokens = np.asarray(out.tokens)
+    expected = _exact_joint(target, SamplingConfig(temperature=1.0))
+    assert chi_square_p_value(tokens[:, 0] * 8 + tokens[:, 1], expected) > P_VALUE_PASS
+    assert out.stats.drafter["schedule_chain_1_rounds"] > 0

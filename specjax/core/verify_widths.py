@@ -54,6 +54,16 @@ class VerifySchedule:
     chain_costs: {K: seconds of one chain round of K} (a chain of K drafts only K, so it
       costs less than the confidence arm's round at width K + 1). None: the width costs
       (`costs`, or the fallback) at K + 1. `costs="measure"` measures these too.
+    acceptance: the acceptance per draft position measured before this call, for i = 1..
+      P(draft i accepted | drafts < i were): e.g. an earlier run's
+      `stats.accepted_per_position` for the same pair and sampling. The schedule starts from
+      it, worth `acceptance_rounds` rounds of evidence, instead of from `prior` (which it
+      otherwise needs a few rounds to leave: a 64-token generation at batch 1 spent a sixth
+      of its rounds there, results/verify_schedule section 8). Positions past its end take
+      its last value, extra ones are ignored. Evidence from before the call, so the choice
+      stays a function of past rounds and exactness holds. None: start from `prior`.
+    acceptance_rounds: how many rounds of evidence `acceptance` counts as (> 0); it fades
+      with `decay` as the call's own rounds arrive.
     """
 
     widths: tuple[int, ...] | None = None
@@ -66,6 +76,8 @@ class VerifySchedule:
     chains: bool = True
     confidence_margin: float = 1.1
     chain_costs: tuple[tuple[int, float], ...] | None = None
+    acceptance: tuple[float, ...] | None = None
+    acceptance_rounds: float = 4.0
 
     def __post_init__(self):
         if self.widths is not None:
@@ -97,6 +109,10 @@ class VerifySchedule:
             raise ValueError(f"verify_schedule confidence_margin must be > 0, got {self.confidence_margin}")
         if self.chain_costs is not None:
             object.__setattr__(self, "chain_costs", _cost_pairs(self.chain_costs, "chain_costs", "Ks"))
+        if self.acceptance is not None:
+            object.__setattr__(self, "acceptance", _rates(self.acceptance))
+        if not self.acceptance_rounds > 0:
+            raise ValueError(f"verify_schedule acceptance_rounds must be > 0, got {self.acceptance_rounds}")
 
     def resolved(self, k_max: int) -> VerifySchedule:
         """This schedule with its widths fixed for K_MAX drafts (checked, costs for each)."""
@@ -131,6 +147,13 @@ class VerifySchedule:
         """costs="measure": `prepare` replaces it with the measured costs before the loop runs."""
         return self.costs == "measure"
 
+    def acceptance_vector(self, k: int) -> np.ndarray | None:
+        """[k] float32: `acceptance` cut or extended (by its last value) to k positions, or None."""
+        if self.acceptance is None:
+            return None
+        rates = list(self.acceptance[:k]) + [self.acceptance[-1]] * max(0, k - len(self.acceptance))
+        return np.asarray(rates, np.float32)
+
     def cost_vector(self) -> np.ndarray:
         """[n] float32 seconds (or fallback units) of a round at each width, in order."""
         if self.measures_costs:
@@ -159,6 +182,19 @@ def _cost_pairs(costs, name: str, keys: str) -> tuple[tuple[int, float], ...]:
     if not all(c > 0 for _, c in pairs):
         raise ValueError(f"verify_schedule {name} must be positive seconds, got {costs!r}")
     return pairs
+
+
+def _rates(value) -> tuple[float, ...]:
+    """`acceptance` as a hashable tuple of probabilities, or a ValueError naming what is wrong."""
+    if isinstance(value, str | bytes | Mapping) or not hasattr(value, "__iter__"):
+        raise ValueError(f"verify_schedule acceptance must be a list of probabilities, got {value!r}")
+    try:
+        rates = tuple(float(x) for x in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"verify_schedule acceptance must be a list of probabilities, got {value!r}") from None
+    if not rates or not all(0.0 <= x <= 1.0 for x in rates):
+        raise ValueError(f"verify_schedule acceptance must be probabilities in [0, 1], one per position, got {value!r}")
+    return rates
 
 
 def default_widths(k_max: int) -> tuple[int, ...]:

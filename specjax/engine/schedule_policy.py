@@ -115,13 +115,22 @@ class ScheduleState:
 
 
 def init_schedule(batch: int, k: int, config: VerifySchedule) -> ScheduleState:
+    """The state before the first round: no evidence, or `config.acceptance` as
+    `acceptance_rounds` rounds that reached every position (pooled; each row's own rates
+    start from the pooled ones, choose_arm)."""
+    rates = config.acceptance_vector(k)
+    if rates is None:
+        hits = tries = jnp.zeros((k,), jnp.float32)
+    else:
+        tries = jnp.full((k,), config.acceptance_rounds, jnp.float32)
+        hits = tries * jnp.asarray(rates)
     return ScheduleState(
-        hits=jnp.zeros((k,), jnp.float32),
-        tries=jnp.zeros((k,), jnp.float32),
+        hits=hits,
+        tries=tries,
         said=jnp.zeros((k,), jnp.float32),
         said_hits=jnp.zeros((k,), jnp.float32),
-        chain_hits=jnp.zeros((k,), jnp.float32),
-        chain_tries=jnp.zeros((k,), jnp.float32),
+        chain_hits=hits,
+        chain_tries=tries,
         row_hits=jnp.zeros((batch, k), jnp.float32),
         row_tries=jnp.zeros((batch, k), jnp.float32),
         same_tokens=jnp.zeros((len(config.chain_ks) + 1,), jnp.float32),
