@@ -17,7 +17,9 @@ texts as much as schedules; N of them average that out.
 
 --acceptance: also time "schedule, measured acceptance": the schedule started from the
 acceptance per position a static chain of K measured beforehand on other prompts (and other
-seeds), as a caller carries it from earlier calls of the same pair (VerifySchedule.acceptance).
+seeds), as a caller carries it from earlier calls of the same pair (VerifySchedule.acceptance),
+worth --acceptance-rounds rounds (one schedule per value given; the first keeps that name,
+the others add "xN").
 
     python scripts/verify_schedule.py --batch 1 4 --temperature 0 1 --new 64
 """
@@ -64,6 +66,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1, help="generations per timed call under sampling (see above)")
     parser.add_argument("--decay", type=float, default=0.9, help="the schedules' VerifySchedule.decay")
     parser.add_argument("--acceptance", action="store_true", help="also start a schedule from measured acceptance")
+    parser.add_argument("--acceptance-rounds", type=float, nargs="+", default=[4.0], help="its acceptance_rounds")
     parser.add_argument("--out", default="results/verify_schedule/verify_schedule.json")
     args = parser.parse_args()
 
@@ -98,10 +101,12 @@ def main() -> None:
                 "schedule": specjax.VerifySchedule(costs=costs, chain_costs=chain_costs, decay=args.decay),
                 "confidence only": specjax.VerifySchedule(costs=costs, chains=False, decay=args.decay),
             }
-            if args.acceptance:
-                schedules["schedule, measured acceptance"] = specjax.VerifySchedule(
+            measured = measured_acceptance(target, draft, batch, args.k, configs) if args.acceptance else None
+            for i, weight in enumerate(args.acceptance_rounds if args.acceptance else []):
+                name = "schedule, measured acceptance" + (f" x{weight:g}" if i else "")
+                schedules[name] = specjax.VerifySchedule(
                     costs=costs, chain_costs=chain_costs, decay=args.decay,
-                    acceptance=measured_acceptance(target, draft, batch, args.k, configs),
+                    acceptance=measured, acceptance_rounds=weight,
                 )  # fmt: skip
             for name, schedule in schedules.items():
                 calls[name] = prepared(
@@ -126,6 +131,7 @@ def main() -> None:
                 if name in schedules:
                     if schedules[name].acceptance is not None:
                         row["acceptance"] = list(schedules[name].acceptance)
+                        row["acceptance_rounds"] = schedules[name].acceptance_rounds
                     row["cost_context"] = context
                     row["costs_ms"] = {w: round(1e3 * c, 3) for w, c in costs.items()}
                     row["chain_costs_ms"] = {k: round(1e3 * c, 3) for k, c in chain_costs.items()}
@@ -151,7 +157,8 @@ def main() -> None:
         [f"--batch {' '.join(map(str, args.batch))}", f"--temperature {' '.join(map(str, args.temperature))}",
          f"--draft {args.draft}", "--mixed" * args.mixed,
          f"--new {args.new}", f"--k {args.k}", f"--repeats {args.repeats}", f"--seeds {args.seeds}",
-         f"--decay {args.decay}", "--acceptance" * args.acceptance]
+         f"--decay {args.decay}", "--acceptance" * args.acceptance,
+         f"--acceptance-rounds {' '.join(f'{w:g}' for w in args.acceptance_rounds)}" * args.acceptance]
     )  # fmt: skip
     result = {"command": command, "environment": environment(), "device": str(jax.devices()[0]), "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
