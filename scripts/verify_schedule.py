@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1, help="generations per timed call under sampling (see above)")
     parser.add_argument("--decay", type=float, default=0.9, help="the schedules' VerifySchedule.decay")
     parser.add_argument("--acceptance", action="store_true", help="also start a schedule from measured acceptance")
-    parser.add_argument("--acceptance-rounds", type=float, nargs="+", default=[4.0], help="its acceptance_rounds")
+    parser.add_argument("--acceptance-rounds", type=float, nargs="+", default=[16.0], help="its acceptance_rounds")
     parser.add_argument("--out", default="results/verify_schedule/verify_schedule.json")
     args = parser.parse_args()
 
