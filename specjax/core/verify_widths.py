@@ -61,7 +61,8 @@ class VerifySchedule:
       64-token generation at batch 1, sampled, spent 10-20% of its rounds on chains that lose,
       results/verify_schedule section 8). Positions past its end take
       its last value, extra ones are ignored. Evidence from before the call, so the choice
-      stays a function of past rounds and exactness holds. None: start from `prior`.
+      stays a function of past rounds and exactness holds. None: no evidence (the widest chain
+      runs first).
     acceptance_rounds: how many rounds of evidence `acceptance` counts as (> 0); it fades
       with `decay` as the call's own rounds arrive. 16: at batch 1, sampled, 4 still let a
       few unlucky verdicts move a row off the best chain (1.028 of the best static K against
@@ -112,7 +113,7 @@ class VerifySchedule:
         if self.chain_costs is not None:
             object.__setattr__(self, "chain_costs", _cost_pairs(self.chain_costs, "chain_costs", "Ks"))
         if self.acceptance is not None:
-            object.__setattr__(self, "acceptance", _rates(self.acceptance))
+            object.__setattr__(self, "acceptance", _probabilities(self.acceptance))
         if not self.acceptance_rounds > 0:
             raise ValueError(f"verify_schedule acceptance_rounds must be > 0, got {self.acceptance_rounds}")
 
@@ -186,7 +187,7 @@ def _cost_pairs(costs, name: str, keys: str) -> tuple[tuple[int, float], ...]:
     return pairs
 
 
-def _rates(value) -> tuple[float, ...]:
+def _probabilities(value) -> tuple[float, ...]:
     """`acceptance` as a hashable tuple of probabilities, or a ValueError naming what is wrong."""
     if isinstance(value, str | bytes | Mapping) or not hasattr(value, "__iter__"):
         raise ValueError(f"verify_schedule acceptance must be a list of probabilities, got {value!r}")
