@@ -9,7 +9,8 @@ Variants (VARIANTS): the draft vocabulary (4,096, the baseline, against 16,384 a
 training-time-test steps (1, i.e. no test, and 7, as published, against 5), and the layers
 the head reads (2, 15, 27, the published choice, against the last block alone and an even
 spread), and which positions the loss scores (the answers, as SpecForge masks them, against
-every position, the prompts too: `eagle3.score`). Each is one `specjax train-head` run in
+every position, the prompts too: `eagle3.score`), and the head's compute in float32 against
+the baseline's bfloat16 (`eagle3.compute_dtype`). Each is one `specjax train-head` run in
 its own process, one after another; rerun the same command after an interruption: an
 unfinished run resumes from its last checkpoint (train-head's own resume), a finished one
 (its results.json written) is skipped.
@@ -17,7 +18,7 @@ unfinished run resumes from its last checkpoint (train-head's own resume), a fin
 --store: a feature store built for the baseline (`specjax store-features --config
 configs/smollm2_eagle3_v2.yaml --out STORE`). It holds the target's side for the baseline's
 layers and draft vocabulary, which the head's own settings (lm_head_init, the test's steps,
-the scored positions) do not change, so those variants train from it (with a dataset the
+the scored positions, the compute dtype) do not change, so those variants train from it (with a dataset the
 vocabulary is the split's, whatever the steps: one store serves the full run and these);
 the vocabulary and layer variants need other target states and train live (the same loss
 on the same batch: tests/test_feature_store.py).
@@ -46,9 +47,10 @@ VARIANTS = {
     "layers_last": ["eagle.feature_layers=[29]"],
     "layers_spread": ["eagle.feature_layers=[7,15,23]"],
     "score_all": ["eagle.eagle3.score=all"],
+    "compute_f32": ["eagle.eagle3.compute_dtype=float32"],
 }
 # The variants whose target side is the baseline's (its layers and draft vocabulary)
-FROM_STORE = ("baseline", "lm_head_random", "ttt_1", "ttt_7", "score_all")
+FROM_STORE = ("baseline", "lm_head_random", "ttt_1", "ttt_7", "score_all", "compute_f32")
 
 
 def command(name: str, steps: int, runs: Path, store: str | None, extra: list[str]) -> list[str]:
