@@ -1,7 +1,10 @@
-"""Chain vs token tree for the block drafters (DDTree / JetSpec) on the embedded pair.
+"""Chain vs token tree for the block drafters (DDTree / JetSpec), on the embedded pair or SmolLM2.
 
 For the shipped block head (`stdlib-block-head`, DFlash-style) and PARD draft
-(`stdlib-pard-draft`) on `stdlib-target`: the chain of K = 4 against trees built from the
+(`stdlib-pard-draft`) on `stdlib-target` (`--pair stdlib`), or SmolLM2's block drafters
+(`--pair smollm2`: its block head, PARD draft, DSpark and DFlash 2 heads, on one chat
+prompt per category of configs/prompts/stdlib_chat, tuned on smollm2_train/tune.jsonl; any
+weight format with --weights): the chain of K = 4 against trees built from the
 one-pass per-position top-k (drafters/block_trees.py): a spine (depth d's top-k hung under
 the rank-0 path) and DDTree's best-first shapes of 8 and 16 nodes from the drafter's own
 confidence table (measured on train-split prompts, none shared with the timed ones).
@@ -9,6 +12,7 @@ Tokens per round (accepted drafts + 1 per row-round) and wall-clock per call, ev
 configuration timed round-robin (`interleaved`) with plain decoding in the same pass.
 
     python scripts/block_trees.py --out results/block_trees
+    python scripts/block_trees.py --pair smollm2 --weights int8 --out results/smollm2_block_trees
 """
 
 from __future__ import annotations
@@ -21,40 +25,74 @@ import sys
 import time
 from pathlib import Path
 
-DRAFTERS = {"block head": "stdlib-block-head", "PARD": "stdlib-pard-draft"}
+CHAT = "configs/prompts/stdlib_chat"
+# --pair: the target, its block drafters (label -> name), the timed prompts, the tune prompts
+# (whose rounds measure DDTree's confidence table; none shared with the timed ones)
+PAIRS = {
+    "stdlib": {
+        "target": "stdlib-target",
+        "drafters": {"block head": "stdlib-block-head", "PARD": "stdlib-pard-draft"},
+        "prompts": lambda n: [{"domain": "code", "count": n, "prompt_bytes": 96}],
+        "tune": [{"domain": "code", "count": 8, "prompt_bytes": 96, "split": "train"}],
+        "described": "held-out code prompts of 96 bytes",
+    },
+    "smollm2": {
+        "target": "smollm2-135m-instruct",
+        "drafters": {
+            "block head": "smollm2-block-head",
+            "PARD": "smollm2-pard-draft",
+            "DSpark": "smollm2-dspark-head",
+            "DFlash 2": "smollm2-dflash2-head",
+        },
+        "prompts": lambda n: [
+            {"file": f"{CHAT}/{c}.jsonl", "count": max(1, n // 5), "chat_template": True}
+            for c in ("summarize", "explain", "rewrite", "qa", "code")
+        ],
+        "tune": [{"file": "configs/prompts/smollm2_train/tune.jsonl", "count": 8, "chat_template": True}],
+        "described": "chat prompts (an equal share from each of configs/prompts/stdlib_chat's five files)",
+    },
+}
 # Interpretation, written after the recorded run (results/block_trees); the lines above it
 # in the README are computed from the run itself.
-READING = [
-    "- Greedy, trees buy tokens per round: +11% for the block head with the 3-2-2-1 spine,",
-    "  +14% / +12% for the block head / PARD with DDTree's 16-node shape. Wall-clock does not",
-    "  follow: on this CPU a target forward of width 9 or 17 costs clearly more than one of",
-    "  width 5 and the embedded target is small, so verification dominates a round; only the",
-    "  block head's ddtree-8 was faster than its chain (0.84 against 0.90 s, within the noise",
-    "  of its repeats), every other tree slower.",
-    "- DDTree's own score under-rates these drafters: their mean rank-0 probability by block",
-    "  position (block head 0.53, 0.37, 0.26, 0.22; PARD 0.68, 0.52, 0.33, 0.28) is far below",
-    "  the measured chain acceptance given the parent (block head 0.72, 0.67, 0.56, 0.54;",
-    "  PARD 0.91, 0.60, 0.53, 0.63), so its best-first shapes are wide and shallow (ddtree-8",
-    "  stops at depth 3) and PARD's ddtree-8 is below its chain (-2%). A table measured",
-    "  against the target (tune_tree's way) would go deeper; tune_tree does not take block",
-    "  drafters yet.",
-    "- At T = 1 DDTree's top-k candidates LOSE to the sampled chain (PARD 2.16-2.49 against",
-    "  2.66 tokens/round): a deterministic top-1 is accepted with probability p(top-1), a",
-    "  sampled draft with sum min(p, q), larger for a drafter close to the target; top-k only",
-    "  catches up where a node has several children. I.i.d. candidates (`[sample]`, the",
-    "  drafters' default tree_candidates) keep the chain's acceptance along the spine and add",
-    "  siblings: +13% (PARD) and +17% (block head) tokens per round with 16 nodes.",
-    "- Disappointing, plainly: on the embedded pair on this machine trees do not pay on",
-    "  wall-clock, and at T = 0 only the PARD chain beats plain decoding (1.17x). Trees over",
-    "  block drafters should pay where verify width is nearly free (a GPU, a larger target);",
-    "  not measured here. Timings are from a shared 2-core VM (load average about 5-6).",
-]
+READING = {
+    "stdlib": [
+        "- Greedy, trees buy tokens per round: +11% for the block head with the 3-2-2-1 spine,",
+        "  +14% / +12% for the block head / PARD with DDTree's 16-node shape. Wall-clock does not",
+        "  follow: on this CPU a target forward of width 9 or 17 costs clearly more than one of",
+        "  width 5 and the embedded target is small, so verification dominates a round; only the",
+        "  block head's ddtree-8 was faster than its chain (0.84 against 0.90 s, within the noise",
+        "  of its repeats), every other tree slower.",
+        "- DDTree's own score under-rates these drafters: their mean rank-0 probability by block",
+        "  position (block head 0.53, 0.37, 0.26, 0.22; PARD 0.68, 0.52, 0.33, 0.28) is far below",
+        "  the measured chain acceptance given the parent (block head 0.72, 0.67, 0.56, 0.54;",
+        "  PARD 0.91, 0.60, 0.53, 0.63), so its best-first shapes are wide and shallow (ddtree-8",
+        "  stops at depth 3) and PARD's ddtree-8 is below its chain (-2%). A table measured",
+        "  against the target (tune_tree's way) would go deeper; tune_tree does not take block",
+        "  drafters yet.",
+        "- At T = 1 DDTree's top-k candidates LOSE to the sampled chain (PARD 2.16-2.49 against",
+        "  2.66 tokens/round): a deterministic top-1 is accepted with probability p(top-1), a",
+        "  sampled draft with sum min(p, q), larger for a drafter close to the target; top-k only",
+        "  catches up where a node has several children. I.i.d. candidates (`[sample]`, the",
+        "  drafters' default tree_candidates) keep the chain's acceptance along the spine and add",
+        "  siblings: +13% (PARD) and +17% (block head) tokens per round with 16 nodes.",
+        "- Disappointing, plainly: on the embedded pair on this machine trees do not pay on",
+        "  wall-clock, and at T = 0 only the PARD chain beats plain decoding (1.17x). Trees over",
+        "  block drafters should pay where verify width is nearly free (a GPU, a larger target);",
+        "  not measured here. Timings are from a shared 2-core VM (load average about 5-6).",
+    ]
+}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default="stdlib-target")
-    parser.add_argument("--prompts", type=int, default=8, help="held-out code prompts of 96 bytes (the batch)")
+    parser.add_argument("--pair", choices=sorted(PAIRS), default="stdlib", help="the target and its block drafters")
+    parser.add_argument("--weights", choices=["float32", "bfloat16", "int8"], default="float32")
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        default=8,
+        help="timed prompts, in one batch (smollm2: a multiple of 5, an equal share per category)",
+    )
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per configuration, round-robin")
     parser.add_argument("--temperatures", default="0,1", help="comma-separated temperatures")
@@ -117,10 +155,11 @@ def measure(args) -> dict:
     from specjax.bench.prompt_sets import Prompts, load_prompts
     from specjax.engine.clock import interleaved
 
-    target = specjax.load_model(args.target)
-    prompts = load_prompts([Prompts(domain="code", count=args.prompts, prompt_bytes=96)], target.tokenizer).tokens
-    tune = load_prompts([Prompts(domain="code", count=8, prompt_bytes=96, split="train")], target.tokenizer).tokens
-    drafters = {label: specjax.load_drafter(name, target) for label, name in DRAFTERS.items()}
+    pair = PAIRS[args.pair]
+    target = specjax.load_model(pair["target"], weights=args.weights)
+    prompts = load_prompts([Prompts(**p) for p in pair["prompts"](args.prompts)], target.tokenizer).tokens
+    tune = load_prompts([Prompts(**p) for p in pair["tune"]], target.tokenizer).tokens
+    drafters = {label: specjax.load_drafter(name, target) for label, name in pair["drafters"].items()}
     configs, tables = {}, {}
     for label, drafter in drafters.items():
         start = time.perf_counter()
@@ -139,7 +178,7 @@ def measure(args) -> dict:
         times = interleaved(calls, repeats=args.repeats, warmup=1)
         log(f"T={temperature}: {len(calls)} configurations in {time.perf_counter() - start:.1f} s")
         plain = statistics.median(times[("plain", "plain")])
-        new = args.prompts * args.new_tokens
+        new = len(prompts) * args.new_tokens
         for (label, name), seconds in times.items():
             s = stats.get((label, name))
             tree = keyed[(label, name)][2] if s is not None else None
@@ -161,7 +200,7 @@ def measure(args) -> dict:
             )
             r = rows[-1]
             log(f"  {label:10s} {name:14s} {r['tokens_per_round']:.3f} tokens/round {r['median_seconds']:.3f} s")
-    return {"rows": rows, "confidence_tables": tables}
+    return {"rows": rows, "confidence_tables": tables, "timed_prompts": len(prompts)}
 
 
 def _calls(target, prompts, setting, configs: dict, candidates: list[str]):
@@ -193,7 +232,7 @@ def comparisons(rows: list[dict]) -> list[str]:
     """One line per (T, drafter): its best tree by tokens per round against its chain."""
     lines = []
     for t in sorted({r["temperature"] for r in rows}):
-        for label in DRAFTERS:
+        for label in dict.fromkeys(r["drafter"] for r in rows if r["drafter"] != "plain"):
             mine = [r for r in rows if r["temperature"] == t and r["drafter"] == label]
             chain = next(r for r in mine if r["paths"] is None)
             best = max((r for r in mine if r["paths"] is not None), key=lambda r: r["tokens_per_round"])
@@ -208,17 +247,22 @@ def comparisons(rows: list[dict]) -> list[str]:
 
 
 def write_readme(out: Path, args, result: dict, command: str, machine: dict, seconds: float) -> None:
+    pair_name = getattr(args, "pair", "stdlib")  # records from before --pair are the embedded pair's
+    pair = PAIRS[pair_name]
+    names = ", ".join(f"{label} (`{name}`)" for label, name in pair["drafters"].items())
+    weights = getattr(args, "weights", "float32")
+    title = "embedded pair" if pair_name == "stdlib" else f"SmolLM2-135M-Instruct, {weights}"
     lines = [
-        "# Chain vs token tree for the block drafters (DDTree / JetSpec, CPU, embedded pair)",
+        f"# Chain vs token tree for the block drafters (DDTree / JetSpec, CPU, {title})",
         "",
-        "**What it measures.** `stdlib-target` with the shipped block head (`stdlib-block-head`,",
-        "DFlash-style, block_size 4) and PARD draft (`stdlib-pard-draft`): the chain of",
+        f"**What it measures.** `{pair['target']}` ({weights} weights) with the shipped block drafters",
+        f"{names}: the chain of",
         f"K = {args.k} against token trees whose depth-d nodes are block position d's top-ranked",
         "tokens from the drafter's ONE forward (drafters/block_trees.py): `spine 3-2-2-1` (depth",
         "d's top-k under the rank-0 path) and `ddtree-8` / `ddtree-16` (the 8- and 16-node trees",
         "of highest product of the drafter's own rank probabilities, table measured on 8",
         "train-split prompts). All capped at depth 4 (the head's block_size).",
-        f"{args.prompts} held-out code prompts of 96 bytes in one batch, {args.new_tokens} new tokens,",
+        f"{result.get('timed_prompts', args.prompts)} {pair['described']} in one batch, {args.new_tokens} new tokens,",
         f"ignore_eos, {args.repeats} timed calls per configuration, round-robin with plain decoding",
         "(after one warm-up call each). At T > 0 each tree runs with `[top]` candidates (DDTree's",
         "top-k, q = None, recursive rejection without replacement) and `[sample]` candidates",
@@ -243,7 +287,7 @@ def write_readme(out: Path, args, result: dict, command: str, machine: dict, sec
             f"| {r['tokens_per_round']:.3f} | {r['median_seconds']:.3f} | {r['tokens_per_second']:.0f} "
             f"| {r['speedup_vs_plain']:.2f}x |"
         )
-    lines += ["", "**Reading.**", "", *comparisons(result["rows"]), "", *READING, ""]
+    lines += ["", "**Reading.**", "", *comparisons(result["rows"]), "", *READING.get(pair_name, []), ""]
     lines += ["Per-run details (paths, acceptance by depth, every timed call, confidence tables, machine)"]
     lines += ["are in `results.json`."]
     (out / "README.md").write_text("\n".join(lines) + "\n")

@@ -388,7 +388,7 @@ def test_adaptive_errors(target, noisy_draft):
 
 
 def test_every_bench_config_loads_and_adaptive_twins():
-    """Every shipped bench config parses (E11's included), and `adaptive: true` adds one adaptive
+    """Every shipped bench config parses (E11's and SmolLM2's included), and `adaptive: true` adds one adaptive
     twin per (batch, temperature, drafter) with K_MAX = the largest K among its specs."""
     from pathlib import Path
 
@@ -396,8 +396,10 @@ def test_every_bench_config_loads_and_adaptive_twins():
     from specjax.bench.measure import RunSpec, adaptive_specs_for
     from specjax.configs import load_config
 
-    configs = sorted((Path(__file__).parents[1] / "configs").glob("e[0-9]*_*.yaml"))
+    root = Path(__file__).parents[1] / "configs"
+    configs = sorted([*root.glob("e[0-9]*_*.yaml"), *root.glob("smollm2_e[0-9]*.yaml")])
     assert any(p.name == "e11_adaptive.yaml" for p in configs)
+    assert any(p.name == "smollm2_e8_final.yaml" for p in configs)
     for path in configs:
         load_config(BenchConfig, path)
     e11 = load_config(BenchConfig, Path(__file__).parents[1] / "configs" / "e11_adaptive.yaml")
