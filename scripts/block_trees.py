@@ -2,9 +2,9 @@
 
 For the shipped block head (`stdlib-block-head`, DFlash-style) and PARD draft
 (`stdlib-pard-draft`) on `stdlib-target` (`--pair stdlib`), or SmolLM2's block drafters
-(`--pair smollm2`: its block head, PARD draft, DSpark and DFlash 2 heads, on one chat
-prompt per category of configs/prompts/stdlib_chat, tuned on smollm2_train/tune.jsonl; any
-weight format with --weights): the chain of K = 4 against trees built from the
+(`--pair smollm2`: its block head, PARD draft, DSpark and DFlash 2 heads, on chat prompts
+taken round-robin over configs/prompts/stdlib_chat's categories, the trees' tables from
+smollm2_train/tune.jsonl; any weight format with --weights): the chain of K = 4 against trees built from the
 one-pass per-position top-k (drafters/block_trees.py): a spine (depth d's top-k hung under
 the rank-0 path) and DDTree's best-first shapes of 8 and 16 nodes from the drafter's own
 confidence table (measured on train-split prompts, none shared with the timed ones).
@@ -25,14 +25,15 @@ import sys
 import time
 from pathlib import Path
 
-CHAT = "configs/prompts/stdlib_chat"
+from _timing import chat_prompts
+
 # --pair: the target, its block drafters (label -> name), the timed prompts, the tune prompts
 # (whose rounds measure DDTree's confidence table; none shared with the timed ones)
 PAIRS = {
     "stdlib": {
         "target": "stdlib-target",
         "drafters": {"block head": "stdlib-block-head", "PARD": "stdlib-pard-draft"},
-        "prompts": lambda n: [{"domain": "code", "count": n, "prompt_bytes": 96}],
+        "chat": False,
         "tune": [{"domain": "code", "count": 8, "prompt_bytes": 96, "split": "train"}],
         "described": "held-out code prompts of 96 bytes",
     },
@@ -44,12 +45,9 @@ PAIRS = {
             "DSpark": "smollm2-dspark-head",
             "DFlash 2": "smollm2-dflash2-head",
         },
-        "prompts": lambda n: [
-            {"file": f"{CHAT}/{c}.jsonl", "count": max(1, n // 5), "chat_template": True}
-            for c in ("summarize", "explain", "rewrite", "qa", "code")
-        ],
+        "chat": True,
         "tune": [{"file": "configs/prompts/smollm2_train/tune.jsonl", "count": 8, "chat_template": True}],
-        "described": "chat prompts (an equal share from each of configs/prompts/stdlib_chat's five files)",
+        "described": "chat prompts (configs/prompts/stdlib_chat, round-robin over its categories)",
     },
 }
 # Interpretation, written after the recorded run (results/block_trees); the lines above it
@@ -91,7 +89,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--prompts",
         type=int,
         default=8,
-        help="timed prompts, in one batch (smollm2: a multiple of 5, an equal share per category)",
+        help="timed prompts, in one batch",
     )
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per configuration, round-robin")
@@ -157,7 +155,10 @@ def measure(args) -> dict:
 
     pair = PAIRS[args.pair]
     target = specjax.load_model(pair["target"], weights=args.weights)
-    prompts = load_prompts([Prompts(**p) for p in pair["prompts"](args.prompts)], target.tokenizer).tokens
+    if pair["chat"]:
+        prompts = chat_prompts(target.tokenizer, args.prompts)
+    else:
+        prompts = load_prompts([Prompts(domain="code", count=args.prompts, prompt_bytes=96)], target.tokenizer).tokens
     tune = load_prompts([Prompts(**p) for p in pair["tune"]], target.tokenizer).tokens
     drafters = {label: specjax.load_drafter(name, target) for label, name in pair["drafters"].items()}
     configs, tables = {}, {}

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _timing import chat_prompts
 
 RULES = ("rejection_sampling", "block_verification")
 
@@ -29,7 +30,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--target", default="stdlib-target")
     parser.add_argument("--draft", default="stdlib-draft")
     parser.add_argument("--ks", default="2,4,6", help="K values, comma-separated")
-    parser.add_argument("--domain", default="code", choices=("code", "prose"), help="held-out corpus prompts (as E3)")
+    parser.add_argument(
+        "--domain",
+        default="code",
+        choices=("code", "prose", "chat"),
+        help="held-out corpus prompts (as E3), or chat: configs/prompts/stdlib_chat (with the chat template)",
+    )
     parser.add_argument("--prompts", type=int, default=16, help="prompts of 96 bytes per call (the batch)")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--seeds", type=int, default=3, help="calls per (rule, K), seeds 0..N-1")
@@ -50,8 +56,12 @@ def measure(args) -> dict:
 
     target = load_model(args.target)
     draft = load_drafter(specjax.SpeculativeConfig.parse(args.draft), target)
-    source = Prompts(domain=args.domain, count=args.prompts, prompt_bytes=96)
-    prompts = load_prompts([source], target.tokenizer).tokens
+    if args.domain == "chat":
+        prompts = chat_prompts(target.tokenizer, args.prompts)
+    else:
+        prompts = load_prompts(
+            [Prompts(domain=args.domain, count=args.prompts, prompt_bytes=96)], target.tokenizer
+        ).tokens
     runs = []
     for k in [int(x) for x in args.ks.split(",")]:
         for rule in RULES:
@@ -100,15 +110,21 @@ def measure(args) -> dict:
     return {"runs": runs, "comparisons": comparisons}
 
 
+def _described(args) -> str:
+    if args.domain == "chat":
+        return "chat prompts (configs/prompts/stdlib_chat, with the chat template)"
+    return f"held-out {args.domain} prompts of 96 bytes"
+
+
 def write_readme(out: Path, args, result: dict, command: str, machine: dict) -> None:
     lines = [
-        "# Block verification vs token verification (CPU, embedded pair, T = 1)",
+        f"# Block verification vs token verification (CPU, `{args.target}`, T = {args.temperature:g})",
         "",
         "**What it measures.** Tokens per round (accepted drafts + 1 per row-round) of",
         "`rejection_sampling_rule` (token verification, the default under sampling) and",
         "`block_verification_rule` (Sun et al., arXiv 2403.10444), same drafter, prompts and",
-        f"seeds: `{args.target}` with `{args.draft}`, {args.prompts} held-out {args.domain} prompts of 96",
-        f"bytes x {args.new_tokens} new tokens, T = {args.temperature}, seeds 0..{args.seeds - 1}, all",
+        f"seeds: `{args.target}` with `{args.draft}`, {args.prompts} {_described(args)}",
+        f"x {args.new_tokens} new tokens, T = {args.temperature}, seeds 0..{args.seeds - 1}, all",
         "rows of a call in one batch. The gain's standard error is over",
         "(seed, prompt) rows, paired by row. Both rules are exact (tests/test_block_verification.py).",
         "",

@@ -27,11 +27,20 @@ import statistics
 import sys
 from pathlib import Path
 
+from _timing import chat_prompts
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="stdlib-target")
-    parser.add_argument("--prompts", type=int, default=8, help="held-out code prompts of 96 bytes (one batch)")
+    parser.add_argument("--weights", choices=["float32", "bfloat16", "int8"], default="float32")
+    parser.add_argument("--prompts", type=int, default=8, help="held-out prompts (one batch)")
+    parser.add_argument(
+        "--domain",
+        default="code",
+        choices=("code", "chat"),
+        help="code: corpus prompts of 96 bytes; chat: configs/prompts/stdlib_chat with the chat template",
+    )
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=7, help="timed calls per configuration, round-robin")
     parser.add_argument("--out", default="results/suffix_decoding")
@@ -67,8 +76,13 @@ def measure(args) -> dict:
     from specjax.bench.prompt_sets import Prompts, load_prompts
     from specjax.bench.timing import interleaved
 
-    target = specjax.load_model(args.target)
-    held_out = load_prompts([Prompts(domain="code", count=2 * args.prompts, prompt_bytes=96)], target.tokenizer).tokens
+    target = specjax.load_model(args.target, weights=getattr(args, "weights", "float32"))
+    if getattr(args, "domain", "code") == "chat":
+        held_out = chat_prompts(target.tokenizer, 2 * args.prompts)
+    else:
+        held_out = load_prompts(
+            [Prompts(domain="code", count=2 * args.prompts, prompt_bytes=96)], target.tokenizer
+        ).tokens
     prompts, others = held_out[: args.prompts], held_out[args.prompts :]
     config = specjax.GenerationConfig(max_new_tokens=args.new_tokens, ignore_eos=True)
     log("first pass (plain) over the prompts and over the other prompts")
@@ -146,15 +160,22 @@ def proposal_costs(prompts, answers, repeats: int) -> dict[str, float]:
     return {name: 1e3 * statistics.median(t) for name, t in times.items()}
 
 
+def _described(args) -> str:
+    if getattr(args, "domain", "code") == "chat":  # recorded runs from before --domain are code
+        return "chat prompts (configs/prompts/stdlib_chat, with the chat template)"
+    return "held-out code prompts of 96 bytes"
+
+
 def write_readme(out: Path, args, result: dict, command: str, machine: dict) -> None:
     lines = [
-        "# Suffix decoding on the embedded target: regenerating answers (CPU, greedy)",
+        f"# Suffix decoding on `{args.target}`: regenerating answers (CPU, greedy)",
         "",
         "**What it measures.** A second pass over the same prompts (the regenerating /",
         "agent-loop workload): plain decoding, prompt lookup, and suffix decoding",
         "(`specjax/drafters/suffix.py`) without a pool, with a pool of the first pass's answers,",
         "and with a pool of answers to other prompts. "
-        f"`{args.target}`, {args.prompts} held-out code prompts of 96 bytes in one batch,",
+        f"`{args.target}` ({getattr(args, 'weights', 'float32')} weights), {args.prompts} {_described(args)}",
+        "in one batch,",
         f"{args.new_tokens} new tokens each (ignore_eos), greedy. Tokens per round = accepted",
         "drafts + 1 per row-round. Speedup = plain's median seconds / the configuration's,",
         f"all configurations compiled first, then timed round-robin in one process ({args.repeats}",
