@@ -195,7 +195,8 @@ def attend(
     tokens are written at slot = position; with one, at `tree.slots`. Scores are
     q.k / sqrt(d_head); `window` (static) limits each query to the last `window` positions,
     `softcap` (static) caps the scores; `fixed` (static) sums the softmax in a fixed order
-    (models/fixed_order.py: a row's output then does not depend on T).
+    (models/fixed_order.py) and runs each query position's dots on its own (_scores): a row's
+    output then does not depend on T.
     Returns (out [B, T, H, d_head] in q's dtype, cache with this layer written).
     """
     if window is not None and tree is not None and not tree.slots_are_positions and tree.width > window:
@@ -221,14 +222,36 @@ def attend(
 
 def _full(q, keys, values, positions, tree, window=None, softcap=None, fixed=False):
     """q [B, T, n_kv, G, d]; keys, values [B, S, n_kv, d] -> [B, T, n_kv, G, d]."""
-    scores = jnp.einsum("btngk,bsnk->bngts", q, keys.astype(q.dtype)).astype(jnp.float32) / jnp.sqrt(q.shape[-1])
+    scores = _scores(q, keys.astype(q.dtype), fixed) / jnp.sqrt(q.shape[-1])
     scores = _softcap(scores, softcap)
     # Slot s is visible to a query at position p iff s <= p. Slots beyond the committed
     # sequence are stale and always masked.
     visible = _visibility(jnp.arange(keys.shape[1]), positions, tree, window)  # [B, T, S]
     scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
     weights = (fixed_order.softmax(scores) if fixed else jax.nn.softmax(scores, axis=-1)).astype(q.dtype)
-    return jnp.einsum("bngts,bsnk->btngk", weights, values.astype(q.dtype))
+    return _weighted(weights, values.astype(q.dtype), fixed)
+
+
+def _scores(q, keys, fixed: bool):
+    """q [B, T, n_kv, G, d] . keys [B, S, n_kv, d] -> [B, n_kv, G, T, S] float32.
+
+    fixed: each query position is a dot of its own (T a batch dimension of the dot, not rows
+    of it). XLA:CPU picks a dot's kernel, and with it the order a row's sum runs in, by the
+    rows the dot holds (G x T): at SmolLM2-135M's shapes T = 9, 10 and 17 summed otherwise
+    than T = 1 (tests/test_weight_formats.py), which is enough to move a bfloat16 or int8
+    position's logits and flip a greedy token. A per-position dot has G rows at every T."""
+    if not fixed:
+        return jnp.einsum("btngk,bsnk->bngts", q, keys).astype(jnp.float32)
+    per_position = jax.vmap(lambda q_t: jnp.einsum("bngk,bsnk->bngs", q_t, keys), in_axes=1, out_axes=3)
+    return per_position(q).astype(jnp.float32)
+
+
+def _weighted(weights, values, fixed: bool):
+    """weights [B, n_kv, G, T, S] . values [B, S, n_kv, d] -> [B, T, n_kv, G, d]; `fixed`: one
+    dot per query position, as in _scores and for the same reason."""
+    if not fixed:
+        return jnp.einsum("bngts,bsnk->btngk", weights, values)
+    return jax.vmap(lambda w_t: jnp.einsum("bngs,bsnk->bngk", w_t, values), in_axes=3, out_axes=1)(weights)
 
 
 def _blockwise(q, cache: KVCache, layer: int, positions, written, tree, window=None, softcap=None, fixed=False):
@@ -251,7 +274,7 @@ def _blockwise(q, cache: KVCache, layer: int, positions, written, tree, window=N
         start = jnp.minimum(i * block, s - block)
         keys = cache.decode(jax.lax.dynamic_slice(cache.k, (layer, 0, start, 0, 0), (1, b, block, n_kv, hd))[0])
         values = cache.decode(jax.lax.dynamic_slice(cache.v, (layer, 0, start, 0, 0), (1, b, block, n_kv, hd))[0])
-        scores = jnp.einsum("btngk,bsnk->bngts", q, keys.astype(q.dtype)).astype(jnp.float32) / jnp.sqrt(hd)
+        scores = _scores(q, keys.astype(q.dtype), fixed) / jnp.sqrt(hd)
         scores = _softcap(scores, softcap)
         slots = start + jnp.arange(block)
         visible = _visibility(slots, positions, tree, window) & (slots >= i * block)  # [B, T, block]
@@ -262,7 +285,7 @@ def _blockwise(q, cache: KVCache, layer: int, positions, written, tree, window=N
         weights = jnp.exp(scores - shift[..., None])  # [B, n_kv, G, T, block]
         rescale = jnp.exp(running_max - shift)  # [B, n_kv, G, T]
         total = total * rescale + (fixed_order.tree_sum(weights) if fixed else jnp.sum(weights, axis=-1))
-        update = jnp.einsum("bngts,bsnk->btngk", weights.astype(q.dtype), values.astype(q.dtype))
+        update = _weighted(weights.astype(q.dtype), values.astype(q.dtype), fixed)
         acc = acc * jnp.transpose(rescale, (0, 3, 1, 2))[..., None] + update.astype(jnp.float32)
         return new_max, total, acc
 

@@ -277,3 +277,34 @@ def test_the_cost_model_counts_a_formats_bytes(target):
     assert matmul_parameters(with_weights(target, "int8")) == n  # the scales are no matrices
     assert n < matmul_bytes(with_weights(target, "int8")) < 1.1 * n  # norms and biases stay float32
     assert 2 * n < matmul_bytes(with_weights(target, "bfloat16")) < 2.2 * n
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_fixed_attention_gives_a_query_the_same_bits_beside_any_number_of_others(dtype):
+    """The attention of the bfloat16 and int8 formats (`fixed`): a query row's output is the
+    same bits whether it runs alone (a plain step) or among T - 1 others (a verify of width T,
+    a tree), at SmolLM2-135M's attention shapes (3 KV heads of 3 query heads each, d_head 64).
+    XLA:CPU picks a dot's kernel, and the order it sums a row in, by how many rows the dot
+    runs (G x T): with T in the scores' and the weighted values' rows, widths 9, 10 and 17
+    summed otherwise, and SmolLM2 in int8 left plain greedy output at K = 8."""
+    from specjax.models.attention import attend
+    from specjax.models.cache import init_cache
+
+    shapes = {"num_hidden_layers": 1, "num_key_value_heads": 3, "resolved_head_dim": 64}
+    cfg = argparse.Namespace(**shapes, dtype=dtype, weights="int8")  # what init_cache reads
+    rng = np.random.default_rng(0)
+    prefix, widths = 60, (1, 2, 5, 8, 9, 10, 16, 17, 33)
+    n = prefix + max(widths)
+    q = jnp.asarray(rng.standard_normal((2, n, 9, 64)), dtype)  # [B, T, H, d_head]
+    k = jnp.asarray(rng.standard_normal((2, n, 3, 64)), dtype)  # [B, T, n_kv, d_head]
+    v = jnp.asarray(rng.standard_normal((2, n, 3, 64)), dtype)
+    positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (2, n))
+
+    @jax.jit
+    def verify(q, k, v, positions, cache):
+        return attend(q, k, v, positions, cache, 0, fixed=True)
+
+    cache = verify(q[:, :prefix], k[:, :prefix], v[:, :prefix], positions[:, :prefix], init_cache(cfg, 2, 128))[1]
+    outs = {w: np.asarray(verify(*(a[:, prefix : prefix + w] for a in (q, k, v, positions)), cache)[0]) for w in widths}
+    for w in widths[1:]:
+        np.testing.assert_array_equal(outs[w][:, 0], outs[1][:, 0], err_msg=f"the first query beside {w - 1} others")
