@@ -77,7 +77,19 @@ READING = {
         "  wall-clock, and at T = 0 only the PARD chain beats plain decoding (1.17x). Trees over",
         "  block drafters should pay where verify width is nearly free (a GPU, a larger target);",
         "  not measured here. Timings are from a shared 2-core VM (load average about 5-6).",
-    ]
+    ],
+    "smollm2": [
+        "- On SmolLM2 (float32, batch 5, greedy) every tree buys tokens per round over its chain:",
+        "  +13-19% with the 3-2-2-1 spine for PARD and the block head, +16-28% with DDTree's",
+        "  16-node shape (PARD 1.65 -> 1.97, block head 1.45 -> 1.86). None buys time: a float32",
+        "  verify of 9 or 17 slots per row costs more than the tokens it adds here, so every tree",
+        "  is slower than its chain (PARD chain 0.84x plain, its 16-node tree 0.55x). These are",
+        "  float32 runs on purpose: token trees are not exact in the bfloat16 and int8 formats yet",
+        "  (results/smollm2_e9_final), where a wide verify costs less.",
+        "- The block drafters' chains are all below plain decoding in float32 at batch 5 (0.81-0.86x)",
+        "  with 1.41-1.65 tokens per round; in int8 at batch 1 the same drafters' chains reach",
+        "  1.04-1.23x (results/smollm2_e8_final).",
+    ],
 }
 
 
