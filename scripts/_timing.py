@@ -114,6 +114,23 @@ def chat_prompts(tokenizer, count: int, skip: int = 0) -> list[list[int]]:
     return [encode(tokenizer, text, chat) for text in picked[:count]]
 
 
+def held_out_prompts(tokenizer, domain: str, count: int) -> list[list[int]]:
+    """`count` prompts of `domain`: "chat" (chat_prompts), or the stdlib corpus's held-out
+    "code" / "prose" prompts of 96 bytes (as E3)."""
+    if domain == "chat":
+        return chat_prompts(tokenizer, count)
+    from specjax.bench.prompt_sets import Prompts, load_prompts
+
+    return load_prompts([Prompts(domain=domain, count=count, prompt_bytes=96)], tokenizer).tokens
+
+
+def describe_prompts(domain: str) -> str:
+    """held_out_prompts' `domain` in words, for a README."""
+    if domain == "chat":
+        return "chat prompts (configs/prompts/stdlib_chat, with the chat template)"
+    return f"held-out {domain} prompts of 96 bytes"
+
+
 def context_tokens(tokenizer, context: int) -> list[int]:
     """A prompt of exactly `context` tokens: chat prompts concatenated, cut to length."""
     tokens: list[int] = []

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from _timing import chat_prompts
+from _timing import describe_prompts, held_out_prompts
 
 # --pair: the target, its block drafters (label -> name), the timed prompts, the tune prompts
 # (whose rounds measure DDTree's confidence table; none shared with the timed ones)
@@ -33,9 +33,8 @@ PAIRS = {
     "stdlib": {
         "target": "stdlib-target",
         "drafters": {"block head": "stdlib-block-head", "PARD": "stdlib-pard-draft"},
-        "chat": False,
+        "domain": "code",
         "tune": [{"domain": "code", "count": 8, "prompt_bytes": 96, "split": "train"}],
-        "described": "held-out code prompts of 96 bytes",
     },
     "smollm2": {
         "target": "smollm2-135m-instruct",
@@ -45,9 +44,8 @@ PAIRS = {
             "DSpark": "smollm2-dspark-head",
             "DFlash 2": "smollm2-dflash2-head",
         },
-        "chat": True,
+        "domain": "chat",
         "tune": [{"file": "configs/prompts/smollm2_train/tune.jsonl", "count": 8, "chat_template": True}],
-        "described": "chat prompts (configs/prompts/stdlib_chat, round-robin over its categories)",
     },
 }
 # Interpretation, written after the recorded run (results/block_trees); the lines above it
@@ -167,10 +165,7 @@ def measure(args) -> dict:
 
     pair = PAIRS[args.pair]
     target = specjax.load_model(pair["target"], weights=args.weights)
-    if pair["chat"]:
-        prompts = chat_prompts(target.tokenizer, args.prompts)
-    else:
-        prompts = load_prompts([Prompts(domain="code", count=args.prompts, prompt_bytes=96)], target.tokenizer).tokens
+    prompts = held_out_prompts(target.tokenizer, pair["domain"], args.prompts)
     tune = load_prompts([Prompts(**p) for p in pair["tune"]], target.tokenizer).tokens
     drafters = {label: specjax.load_drafter(name, target) for label, name in pair["drafters"].items()}
     configs, tables = {}, {}
@@ -275,7 +270,8 @@ def write_readme(out: Path, args, result: dict, command: str, machine: dict, sec
         "d's top-k under the rank-0 path) and `ddtree-8` / `ddtree-16` (the 8- and 16-node trees",
         "of highest product of the drafter's own rank probabilities, table measured on 8",
         "train-split prompts). All capped at depth 4 (the head's block_size).",
-        f"{result.get('timed_prompts', args.prompts)} {pair['described']} in one batch, {args.new_tokens} new tokens,",
+        f"{result.get('timed_prompts', args.prompts)} {describe_prompts(pair['domain'])} in one batch,",
+        f"{args.new_tokens} new tokens,",
         f"ignore_eos, {args.repeats} timed calls per configuration, round-robin with plain decoding",
         "(after one warm-up call each). At T > 0 each tree runs with `[top]` candidates (DDTree's",
         "top-k, q = None, recursive rejection without replacement) and `[sample]` candidates",

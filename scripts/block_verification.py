@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _timing import chat_prompts
+from _timing import describe_prompts, held_out_prompts
 
 RULES = ("rejection_sampling", "block_verification")
 
@@ -51,17 +51,11 @@ def log(message: str) -> None:
 def measure(args) -> dict:
     import specjax
     from specjax.api import load_drafter
-    from specjax.bench.prompt_sets import Prompts, load_prompts
     from specjax.io.presets import load_model
 
     target = load_model(args.target)
     draft = load_drafter(specjax.SpeculativeConfig.parse(args.draft), target)
-    if args.domain == "chat":
-        prompts = chat_prompts(target.tokenizer, args.prompts)
-    else:
-        prompts = load_prompts(
-            [Prompts(domain=args.domain, count=args.prompts, prompt_bytes=96)], target.tokenizer
-        ).tokens
+    prompts = held_out_prompts(target.tokenizer, args.domain, args.prompts)
     runs = []
     for k in [int(x) for x in args.ks.split(",")]:
         for rule in RULES:
@@ -110,12 +104,6 @@ def measure(args) -> dict:
     return {"runs": runs, "comparisons": comparisons}
 
 
-def _described(args) -> str:
-    if args.domain == "chat":
-        return "chat prompts (configs/prompts/stdlib_chat, with the chat template)"
-    return f"held-out {args.domain} prompts of 96 bytes"
-
-
 def write_readme(out: Path, args, result: dict, command: str, machine: dict) -> None:
     lines = [
         f"# Block verification vs token verification (CPU, `{args.target}`, T = {args.temperature:g})",
@@ -123,7 +111,7 @@ def write_readme(out: Path, args, result: dict, command: str, machine: dict) -> 
         "**What it measures.** Tokens per round (accepted drafts + 1 per row-round) of",
         "`rejection_sampling_rule` (token verification, the default under sampling) and",
         "`block_verification_rule` (Sun et al., arXiv 2403.10444), same drafter, prompts and",
-        f"seeds: `{args.target}` with `{args.draft}`, {args.prompts} {_described(args)}",
+        f"seeds: `{args.target}` with `{args.draft}`, {args.prompts} {describe_prompts(args.domain)}",
         f"x {args.new_tokens} new tokens, T = {args.temperature}, seeds 0..{args.seeds - 1}, all",
         "rows of a call in one batch. The gain's standard error is over",
         "(seed, prompt) rows, paired by row. Both rules are exact (tests/test_block_verification.py).",

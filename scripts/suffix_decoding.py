@@ -27,7 +27,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from _timing import chat_prompts
+from _timing import describe_prompts, held_out_prompts
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -73,16 +73,10 @@ def configurations(first: list[list[int]], other: list[list[int]]) -> dict:
 
 def measure(args) -> dict:
     import specjax
-    from specjax.bench.prompt_sets import Prompts, load_prompts
     from specjax.bench.timing import interleaved
 
-    target = specjax.load_model(args.target, weights=getattr(args, "weights", "float32"))
-    if getattr(args, "domain", "code") == "chat":
-        held_out = chat_prompts(target.tokenizer, 2 * args.prompts)
-    else:
-        held_out = load_prompts(
-            [Prompts(domain="code", count=2 * args.prompts, prompt_bytes=96)], target.tokenizer
-        ).tokens
+    target = specjax.load_model(args.target, weights=args.weights)
+    held_out = held_out_prompts(target.tokenizer, args.domain, 2 * args.prompts)
     prompts, others = held_out[: args.prompts], held_out[args.prompts :]
     config = specjax.GenerationConfig(max_new_tokens=args.new_tokens, ignore_eos=True)
     log("first pass (plain) over the prompts and over the other prompts")
@@ -160,12 +154,6 @@ def proposal_costs(prompts, answers, repeats: int) -> dict[str, float]:
     return {name: 1e3 * statistics.median(t) for name, t in times.items()}
 
 
-def _described(args) -> str:
-    if getattr(args, "domain", "code") == "chat":  # recorded runs from before --domain are code
-        return "chat prompts (configs/prompts/stdlib_chat, with the chat template)"
-    return "held-out code prompts of 96 bytes"
-
-
 def write_readme(out: Path, args, result: dict, command: str, machine: dict) -> None:
     lines = [
         f"# Suffix decoding on `{args.target}`: regenerating answers (CPU, greedy)",
@@ -174,7 +162,7 @@ def write_readme(out: Path, args, result: dict, command: str, machine: dict) -> 
         "agent-loop workload): plain decoding, prompt lookup, and suffix decoding",
         "(`specjax/drafters/suffix.py`) without a pool, with a pool of the first pass's answers,",
         "and with a pool of answers to other prompts. "
-        f"`{args.target}` ({getattr(args, 'weights', 'float32')} weights), {args.prompts} {_described(args)}",
+        f"`{args.target}` ({args.weights} weights), {args.prompts} {describe_prompts(args.domain)}",
         "in one batch,",
         f"{args.new_tokens} new tokens each (ignore_eos), greedy. Tokens per round = accepted",
         "drafts + 1 per row-round. Speedup = plain's median seconds / the configuration's,",
