@@ -19,6 +19,7 @@ from .gpt2 import GPT2
 from .llama import Llama, feature_layers, feature_width
 from .moe import Mixtral
 from .qwen3 import Qwen3, Qwen3Moe
+from .tree_layout import PathLayout
 
 # Llama, Qwen2, Mistral and Phi-3 run the Llama module itself (see config.LLAMA_FAMILY).
 _MODULES = {
@@ -93,6 +94,7 @@ __all__ = [
     "KVCache",
     "ModelConfig",
     "Packed",
+    "PathLayout",
     "TreeMask",
     "feature_layers",
     "feature_width",

@@ -26,6 +26,7 @@ from flax import struct
 
 from . import fixed_order
 from .cache import KVCache
+from .tree_layout import PathLayout
 
 
 @struct.dataclass
@@ -46,6 +47,11 @@ class TreeMask:
     start: jax.Array  # [B] int32: the slot of window index 0 (the root)
     slots: jax.Array  # [B, T] int32: where this call's tokens are written
     visible: jax.Array  # [T, W] (or per row [B, T, W]) bool: query t of this call sees window index w
+    # The fixed-order formats (bfloat16, int8) lay a tree's nodes at their positions for each
+    # query's sums (models/tree_layout.py): without it a node's logits differ from a plain
+    # step's by an ulp or more. Static; None: read the window where it sits (float32, where
+    # nothing is promised bit for bit, and masks that are not token trees).
+    layout: PathLayout | None = struct.field(pytree_node=False, default=None)
 
     def mask(self, slots: jax.Array) -> jax.Array:
         """slots [S'] of the cache -> [B, T, S'] visibility."""
@@ -195,8 +201,9 @@ def attend(
     tokens are written at slot = position; with one, at `tree.slots`. Scores are
     q.k / sqrt(d_head); `window` (static) limits each query to the last `window` positions,
     `softcap` (static) caps the scores; `fixed` (static) sums the softmax in a fixed order
-    (models/fixed_order.py) and runs each query position's dots on its own (_scores): a row's
-    output then does not depend on T.
+    (models/fixed_order.py), lays the dots out so a row's sums do not depend on T (_scores),
+    and reads a tree's nodes laid at their positions (`TreeMask.layout`): a
+    position's output is then the same bits in a plain step, a verify of any width or a tree.
     Returns (out [B, T, H, d_head] in q's dtype, cache with this layer written).
     """
     if window is not None and tree is not None and not tree.slots_are_positions and tree.width > window:
@@ -235,11 +242,12 @@ def _full(q, keys, values, positions, tree, window=None, softcap=None, fixed=Fal
 def _scores(q, keys, fixed: bool):
     """q [B, T, n_kv, G, d] . keys [B, S, n_kv, d] -> [B, n_kv, G, T, S] float32.
 
-    fixed: each query position is a dot of its own (T a batch dimension of the dot, not rows
-    of it). XLA:CPU picks a dot's kernel, and with it the order a row's sum runs in, by the
-    rows the dot holds (G x T): at SmolLM2-135M's shapes T = 9, 10 and 17 summed otherwise
-    than T = 1 (tests/test_weight_formats.py), which is enough to move a bfloat16 or int8
-    position's logits and flip a greedy token. A per-position dot has G rows at every T."""
+    fixed: the query rows (G x T of them) are the dot's left operand. XLA:CPU picks a dot's
+    kernel by its shapes, and the order it sums an output over d_head with it: with the keys
+    on the left (as einsum lays out "btngk,bsnk->bngts") T was the right operand's width, and
+    at SmolLM2-135M's shapes T = 9, 10 and 17 summed otherwise than T = 1, enough to move a
+    bfloat16 or int8 position's logits and flip a greedy token; with the queries on the left
+    a row's sums come out the same at every T (tests/test_weight_formats.py, widths 1-33)."""
     if not fixed:
         return jnp.einsum("btngk,bsnk->bngts", q, keys).astype(jnp.float32)
     per_position = jax.vmap(lambda q_t: jnp.einsum("bngk,bsnk->bngs", q_t, keys), in_axes=1, out_axes=3)
@@ -247,8 +255,8 @@ def _scores(q, keys, fixed: bool):
 
 
 def _weighted(weights, values, fixed: bool):
-    """weights [B, n_kv, G, T, S] . values [B, S, n_kv, d] -> [B, T, n_kv, G, d]; `fixed`: one
-    dot per query position, as in _scores and for the same reason."""
+    """weights [B, n_kv, G, T, S] . values [B, S, n_kv, d] -> [B, T, n_kv, G, d]; `fixed`: the
+    weights' rows on the left, as in _scores and for the same reason."""
     if not fixed:
         return jnp.einsum("bngts,bsnk->btngk", weights, values)
     return jax.vmap(lambda w_t: jnp.einsum("bngs,bsnk->bngk", w_t, values), in_axes=3, out_axes=1)(weights)
@@ -268,16 +276,31 @@ def _blockwise(q, cache: KVCache, layer: int, positions, written, tree, window=N
     # With a sliding window, blocks wholly below the lowest query's window are skipped: no
     # query sees a slot below min(position) - window + 1 (tree window slots lie above it).
     first = 0 if window is None else jnp.maximum(jnp.min(positions) - window + 1, 0) // block
+    # A tree's nodes read their ancestors laid at their positions (models/tree_layout.py).
+    # Its queries run grouped path by path (contiguous), and are put back in order at the end.
+    layout = tree.layout if fixed and isinstance(tree, TreeMask) else None
+    if layout is not None:
+        q, positions = q[:, layout.order], positions[:, layout.order]
 
     def body_fn(i, carry):
         running_max, total, acc = carry  # [B, n_kv, G, T], [B, n_kv, G, T], [B, T, n_kv, G, d] f32
         start = jnp.minimum(i * block, s - block)
-        keys = cache.decode(jax.lax.dynamic_slice(cache.k, (layer, 0, start, 0, 0), (1, b, block, n_kv, hd))[0])
-        values = cache.decode(jax.lax.dynamic_slice(cache.v, (layer, 0, start, 0, 0), (1, b, block, n_kv, hd))[0])
-        scores = _scores(q, keys.astype(q.dtype), fixed) / jnp.sqrt(hd)
-        scores = _softcap(scores, softcap)
         slots = start + jnp.arange(block)
-        visible = _visibility(slots, positions, tree, window) & (slots >= i * block)  # [B, T, block]
+        keys = jax.lax.dynamic_slice(cache.k, (layer, 0, start, 0, 0), (1, b, block, n_kv, hd))[0]
+        values = jax.lax.dynamic_slice(cache.v, (layer, 0, start, 0, 0), (1, b, block, n_kv, hd))[0]
+        if layout is None:
+            keys, values = cache.decode(keys), cache.decode(values)
+            scores = _scores(q, keys.astype(q.dtype), fixed)
+            visible = _visibility(slots, positions, tree, window)  # [B, T, block]
+        else:  # per path: the block as a chain of that path holds it, [B, block, n_kv, d]
+            laid = [layout.lay(p, cache, layer, (keys, values), tree.start, start) for p in range(len(layout.paths))]
+            keys = [cache.decode(k).astype(q.dtype) for k, _ in laid]
+            values = [cache.decode(v) for _, v in laid]
+            grouped = [_scores(q[:, a:z], keys[p], fixed) for p, (a, z) in enumerate(layout.bounds)]
+            scores = jnp.concatenate(grouped, axis=3)  # [B, n_kv, G, T, block], queries path by path
+            visible = _visibility(slots, positions, None, window)  # the block's slots are positions now
+        scores = _softcap(scores / jnp.sqrt(hd), softcap)
+        visible = visible & (slots >= i * block)
         scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
         new_max = jnp.maximum(running_max, jnp.max(scores, axis=-1))
         # A row that sees nothing yet keeps max -inf; subtracting 0 then leaves exp(-inf) = 0.
@@ -285,7 +308,12 @@ def _blockwise(q, cache: KVCache, layer: int, positions, written, tree, window=N
         weights = jnp.exp(scores - shift[..., None])  # [B, n_kv, G, T, block]
         rescale = jnp.exp(running_max - shift)  # [B, n_kv, G, T]
         total = total * rescale + (fixed_order.tree_sum(weights) if fixed else jnp.sum(weights, axis=-1))
-        update = _weighted(weights.astype(q.dtype), values.astype(q.dtype), fixed)
+        if layout is None:
+            update = _weighted(weights.astype(q.dtype), values.astype(q.dtype), fixed)
+        else:
+            parts = [_weighted(weights[:, :, :, a:z].astype(q.dtype), values[p].astype(q.dtype), fixed)
+                     for p, (a, z) in enumerate(layout.bounds)]  # fmt: skip
+            update = jnp.concatenate(parts, axis=1)  # [B, T, n_kv, G, d]
         acc = acc * jnp.transpose(rescale, (0, 3, 1, 2))[..., None] + update.astype(jnp.float32)
         return new_max, total, acc
 
@@ -296,4 +324,5 @@ def _blockwise(q, cache: KVCache, layer: int, positions, written, tree, window=N
     )
     _, total, acc = jax.lax.fori_loop(first, num_blocks, body_fn, init)
     # Every query sees at least its own slot, so total > 0.
-    return acc / jnp.transpose(total, (0, 3, 1, 2))[..., None]
+    out = acc / jnp.transpose(total, (0, 3, 1, 2))[..., None]
+    return out if layout is None else out[:, layout.inverse]

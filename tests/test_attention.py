@@ -137,3 +137,24 @@ def test_bfloat16_cache_for_float32_params(target):
         specjax.CacheConfig(dtype="int8")
     with pytest.raises(ValueError, match="block_size must be an integer >= 1"):
         specjax.CacheConfig(block_size=0)
+
+
+def test_a_path_layout_gives_every_query_one_root_to_leaf_path_through_it():
+    """models/tree_layout.py: each of a call's queries reads exactly one path, which runs
+    from the root through that query's node to a leaf in depth order; the grouped order
+    and its inverse put results back; parents after their children are refused."""
+    from specjax.models import PathLayout
+
+    parents = [-1, 0, 0, 1, 1, 2, 3]  # leaves 4, 5, 6
+    layout = PathLayout.of(parents)
+    assert sorted(t for g in layout.groups for t in g) == list(range(7))
+    for path, group in zip(layout.paths, layout.groups):
+        assert path[0] == 0 and all(parents[path[d + 1]] == path[d] for d in range(len(path) - 1))
+        assert all(t in path for t in group)
+    assert len(layout.paths) == 3
+    assert list(layout.order[layout.inverse]) == list(range(7))
+    assert [b - a for a, b in layout.bounds] == [len(g) for g in layout.groups]
+    level = PathLayout.of(parents, nodes=[3, 4])  # a call that feeds only nodes 3 and 4
+    assert level.groups == ((0,), (1,)) and level.paths == ((0, 1, 3, 6), (0, 1, 4))
+    with pytest.raises(ValueError, match="parents must come before their children"):
+        PathLayout.of([-1, 2, 0])

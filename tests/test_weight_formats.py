@@ -123,12 +123,14 @@ def formats(target, noisy_draft):
 
 @pytest.mark.parametrize(
     "fmt, drafter",
-    [("bfloat16", "draft"), ("int8", "draft"), ("int8", "float32 draft"), ("int8", "lookup")],
+    [("bfloat16", "draft"), ("int8", "draft"), ("int8", "float32 draft"), ("int8", "lookup"), ("int8", "tree")],
 )
 def test_greedy_speculation_equals_plain_greedy_within_a_format(formats, noisy_draft, fmt, drafter):
+    """Chains, and a token tree (its nodes off their positions: attention's _laid_slots)."""
     target, draft, plain = formats[fmt]
-    draft = {"draft": draft, "float32 draft": noisy_draft, "lookup": PromptLookup()}[drafter]
-    speculative = specjax.SpeculativeConfig(num_speculative_tokens=3)
+    draft = {"draft": draft, "float32 draft": noisy_draft, "lookup": PromptLookup(), "tree": draft}[drafter]
+    tree = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0)] if drafter == "tree" else None
+    speculative = specjax.SpeculativeConfig(num_speculative_tokens=3, tree=tree)
     out = specjax.generate(target, PROMPTS, GREEDY, draft=draft, speculative=speculative)
     assert out.tokens == plain
     assert 0 < out.stats.accepted_tokens < out.stats.drafted_tokens  # acceptances and rejections
@@ -308,3 +310,56 @@ def test_fixed_attention_gives_a_query_the_same_bits_beside_any_number_of_others
     outs = {w: np.asarray(verify(*(a[:, prefix : prefix + w] for a in (q, k, v, positions)), cache)[0]) for w in widths}
     for w in widths[1:]:
         np.testing.assert_array_equal(outs[w][:, 0], outs[1][:, 0], err_msg=f"the first query beside {w - 1} others")
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_fixed_attention_gives_a_tree_node_the_bits_of_its_path_decoded_plainly(dtype):
+    """A token tree in the bfloat16 and int8 formats: node t sits at a window slot other than
+    its position (siblings share a position), so its ancestors' terms would enter the
+    fixed-order sums at other places than a plain step puts them, and its output differ by
+    an ulp (the int8 E9 on SmolLM2 left plain greedy output). Each node's output must be the
+    bits of decoding its path root..t one token a step, at SmolLM2's attention shapes, with
+    the window across a cache block boundary."""
+    from specjax.models.attention import TreeMask, attend
+    from specjax.models.tree_layout import PathLayout
+    from specjax.models.cache import init_cache
+
+    shapes = {"num_hidden_layers": 1, "num_key_value_heads": 3, "resolved_head_dim": 64}
+    cfg = argparse.Namespace(**shapes, dtype=dtype, weights="int8")
+    parents = [-1, 0, 0, 0, 1, 1, 2, 3, 4, 4, 6, 8]  # breadth-first: a parent before its children
+    depths = [0]
+    for p in parents[1:]:
+        depths.append(depths[p] + 1)
+    ancestors = np.zeros((len(parents), len(parents)), bool)
+    for t, p in enumerate(parents):
+        ancestors[t] = ancestors[p] if p >= 0 else False
+        ancestors[t, t] = True
+    rng = np.random.default_rng(1)
+    start, n = 60, len(parents)  # blocks of 32 slots: the window 60..71 spans two
+    q = jnp.asarray(rng.standard_normal((2, start + n, 9, 64)), dtype)  # [B, T, H, d_head]
+    k = jnp.asarray(rng.standard_normal((2, start + n, 3, 64)), dtype)  # [B, T, n_kv, d_head]
+    v = jnp.asarray(rng.standard_normal((2, start + n, 3, 64)), dtype)
+
+    @jax.jit
+    def call(q, k, v, positions, cache, tree=None):
+        return attend(q, k, v, positions, cache, 0, tree, fixed=True)
+
+    def arange(a, b):
+        return jnp.broadcast_to(jnp.arange(a, b, dtype=jnp.int32), (2, b - a))
+
+    cache = init_cache(cfg, 2, 128, block_size=32)
+    cache = call(q[:, :start], k[:, :start], v[:, :start], arange(0, start), cache)[1]
+    slots = arange(start, start + n)
+    positions = start + jnp.broadcast_to(jnp.asarray(depths, jnp.int32), (2, n))
+    mask = TreeMask(start=jnp.full((2,), start, jnp.int32), slots=slots, visible=jnp.asarray(ancestors), layout=PathLayout.of(parents))
+    tree_out = np.asarray(call(q[:, start:], k[:, start:], v[:, start:], positions, cache, mask)[0])
+    for t in range(n):
+        path, node = [], t
+        while node >= 0:
+            path.insert(0, start + node)
+            node = parents[node]
+        plain = cache
+        for depth, index in enumerate(path):  # one token a step, at slot = position
+            one = (a[:, index : index + 1] for a in (q, k, v))
+            out, plain = call(*one, jnp.full((2, 1), start + depth, jnp.int32), plain)
+        np.testing.assert_array_equal(tree_out[:, t], np.asarray(out)[:, 0], err_msg=f"node {t} (depth {depths[t]})")

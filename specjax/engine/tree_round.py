@@ -20,7 +20,7 @@ from specjax.core.loop import gather_tokens
 from specjax.core.sampling import probabilities
 from specjax.core.state import LoopState, finish_round
 from specjax.engine.rounds import draft_context
-from specjax.models import TreeMask, forward
+from specjax.models import PathLayout, TreeMask, forward
 
 
 def tree_round(target_params, draft_weights, state: LoopState) -> LoopState:
@@ -38,7 +38,10 @@ def tree_round(target_params, draft_weights, state: LoopState) -> LoopState:
     slots = start[:, None] + jnp.arange(tree.num_nodes + 1)  # [B, N+1]
     positions = start[:, None] + jnp.asarray(tree.depths)  # [B, N+1]
     verify_tokens = jnp.concatenate([gather_tokens(state.tokens, start[:, None]), nodes], axis=1)
-    mask = TreeMask(start=start, slots=slots, visible=jnp.asarray(tree.ancestors))
+    # The layout lays the nodes at their positions for the bfloat16 / int8 formats' sums (read
+    # only there, models/tree_layout.py): what keeps their greedy output plain greedy output.
+    layout = PathLayout.of(tree.parents)
+    mask = TreeMask(start=start, slots=slots, visible=jnp.asarray(tree.ancestors), layout=layout)
     wants = plan.wants_features
     out = forward(plan.target, target_params, verify_tokens, positions, state.target_cache, mask, features=wants)
     logits, target_cache = out[:2]
