@@ -282,40 +282,52 @@ def _blockwise(q, cache: KVCache, layer: int, positions, written, tree, window=N
     if layout is not None:
         q, positions = q[:, layout.order], positions[:, layout.order]
 
-    def body_fn(i, carry):
-        running_max, total, acc = carry  # [B, n_kv, G, T], [B, n_kv, G, T], [B, T, n_kv, G, d] f32
+    def read(i, laid: bool):
+        """Block i -> (scores [B, n_kv, G, T, block], visible [B, T, block], weighted: weights ->
+        [B, T, n_kv, G, d]); `laid`: per path, the block as a chain of that path holds it."""
         start = jnp.minimum(i * block, s - block)
         slots = start + jnp.arange(block)
         keys = jax.lax.dynamic_slice(cache.k, (layer, 0, start, 0, 0), (1, b, block, n_kv, hd))[0]
         values = jax.lax.dynamic_slice(cache.v, (layer, 0, start, 0, 0), (1, b, block, n_kv, hd))[0]
-        if layout is None:
-            keys, values = cache.decode(keys), cache.decode(values)
-            scores = _scores(q, keys.astype(q.dtype), fixed)
-            visible = _visibility(slots, positions, tree, window)  # [B, T, block]
-        else:  # per path: the block as a chain of that path holds it, [B, block, n_kv, d]
-            laid = [layout.lay(p, cache, layer, (keys, values), tree.start, start) for p in range(len(layout.paths))]
-            keys = [cache.decode(k).astype(q.dtype) for k, _ in laid]
-            values = [cache.decode(v) for _, v in laid]
-            grouped = [_scores(q[:, a:z], keys[p], fixed) for p, (a, z) in enumerate(layout.bounds)]
-            scores = jnp.concatenate(grouped, axis=3)  # [B, n_kv, G, T, block], queries path by path
-            visible = _visibility(slots, positions, None, window)  # the block's slots are positions now
-        scores = _softcap(scores / jnp.sqrt(hd), softcap)
-        visible = visible & (slots >= i * block)
-        scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
+        # Laid or not, visibility is by position where there is a layout (a block that no
+        # window overlaps holds only prefix slots, seen by all, and slots past every node).
+        visible = _visibility(slots, positions, None if layout else tree, window) & (slots >= i * block)
+        if not laid:
+            keys, values = cache.decode(keys).astype(q.dtype), cache.decode(values).astype(q.dtype)
+            return _scores(q, keys, fixed), visible, lambda w: _weighted(w, values, fixed)
+        laid = [layout.lay(p, cache, layer, (keys, values), tree.start, start) for p in range(len(layout.paths))]
+        keys = [cache.decode(k).astype(q.dtype) for k, _ in laid]
+        values = [cache.decode(v).astype(q.dtype) for _, v in laid]
+        scores = jnp.concatenate([_scores(q[:, a:z], keys[p], fixed) for p, (a, z) in enumerate(layout.bounds)], axis=3)
+
+        def weighted(w):  # queries path by path, as `scores`
+            return jnp.concatenate(
+                [_weighted(w[:, :, :, a:z], values[p], fixed) for p, (a, z) in enumerate(layout.bounds)], axis=1
+            )
+
+        return scores, visible, weighted
+
+    def accumulate(i, carry, laid: bool):
+        running_max, total, acc = carry  # [B, n_kv, G, T], [B, n_kv, G, T], [B, T, n_kv, G, d] f32
+        scores, visible, weighted = read(i, laid)
+        scores = jnp.where(visible[:, None, None], _softcap(scores / jnp.sqrt(hd), softcap), -jnp.inf)
         new_max = jnp.maximum(running_max, jnp.max(scores, axis=-1))
         # A row that sees nothing yet keeps max -inf; subtracting 0 then leaves exp(-inf) = 0.
         shift = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
         weights = jnp.exp(scores - shift[..., None])  # [B, n_kv, G, T, block]
         rescale = jnp.exp(running_max - shift)  # [B, n_kv, G, T]
         total = total * rescale + (fixed_order.tree_sum(weights) if fixed else jnp.sum(weights, axis=-1))
-        if layout is None:
-            update = _weighted(weights.astype(q.dtype), values.astype(q.dtype), fixed)
-        else:
-            parts = [_weighted(weights[:, :, :, a:z].astype(q.dtype), values[p].astype(q.dtype), fixed)
-                     for p, (a, z) in enumerate(layout.bounds)]  # fmt: skip
-            update = jnp.concatenate(parts, axis=1)  # [B, T, n_kv, G, d]
+        update = weighted(weights.astype(q.dtype))
         acc = acc * jnp.transpose(rescale, (0, 3, 1, 2))[..., None] + update.astype(jnp.float32)
         return new_max, total, acc
+
+    def body_fn(i, carry):
+        if layout is None:
+            return accumulate(i, carry, False)
+        # Only a block that some row's window overlaps needs the paths laid out.
+        begin = jnp.minimum(i * block, s - block)
+        overlaps = (begin <= jnp.max(tree.start) + tree.width - 1) & (begin + block > jnp.min(tree.start))
+        return jax.lax.cond(overlaps, lambda c: accumulate(i, c, True), lambda c: accumulate(i, c, False), carry)
 
     init = (
         jnp.full((b, n_kv, g, t), -jnp.inf, jnp.float32),

@@ -33,6 +33,7 @@ def parse_args(argv=None):
     parser.add_argument("--weights", choices=["bfloat16", "int8"], default="int8")
     parser.add_argument("--trees", default=",".join(TREES), help=f"trees to check, of {', '.join(TREES)}")
     parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--attention-block", type=int, default=256, help="the cache's attention block (slots)")
     parser.add_argument("--out", required=True)
     return parser.parse_args(argv)
 
@@ -112,14 +113,14 @@ def bits(model, name: str, tree, batch: int) -> list[dict]:
     return rows
 
 
-def speed(model, name: str, tree, batch: int) -> dict:
+def speed(model, name: str, tree, batch: int, block: int) -> dict:
     import jax
     import jax.numpy as jnp
 
     import specjax
 
     n = tree.num_nodes + 1
-    cache = specjax.models.init_cache(model.config, batch, 256)
+    cache = specjax.models.init_cache(model.config, batch, 256, block_size=block)
     tokens, start = jnp.ones((batch, n), jnp.int32), jnp.full((batch,), 100, jnp.int32)
     chain, unlaid, laid = plain_forward(model), tree_forward(model, tree, False), tree_forward(model, tree, True)
     fns = {
@@ -136,7 +137,7 @@ def speed(model, name: str, tree, batch: int) -> dict:
             for _ in range(5):
                 jax.block_until_ready(f())
             best[key] = min(best[key], (time.perf_counter() - begin) / 5)
-    row = {"tree": name, "batch": batch, "width": n, **{f"{k}_ms": round(v * 1e3, 3) for k, v in best.items()}}
+    row = {"tree": name, "batch": batch, "width": n, "attention_block": block, **{f"{k}_ms": round(v * 1e3, 3) for k, v in best.items()}}
     row["laid_over_unlaid"] = round(best["laid"] / best["unlaid"], 3)
     row["laid_over_chain"] = round(best["laid"] / best["chain"], 3)
     print(row, file=sys.stderr, flush=True)
@@ -155,7 +156,7 @@ def main(argv=None) -> int:
         "machine": machine(),
         "weights": args.weights,
         "bits": [row for name, tree in trees.items() for b in batches for row in bits(model, name, tree, b)],
-        "speed": [speed(model, name, tree, b) for name, tree in trees.items() for b in batches],
+        "speed": [speed(model, name, tree, b, args.attention_block) for name, tree in trees.items() for b in batches],
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
