@@ -69,7 +69,7 @@ class PathLayout:
     def bounds(self) -> tuple[tuple[int, int], ...]:
         """(first, end) of each path's queries in `order`."""
         ends = np.cumsum([len(g) for g in self.groups])
-        return tuple((int(e - len(g)), int(e)) for e, g in zip(ends, self.groups))
+        return tuple((int(e - len(g)), int(e)) for e, g in zip(ends, self.groups, strict=True))
 
     @property
     def inverse(self) -> np.ndarray:
@@ -87,4 +87,5 @@ class PathLayout:
         nodes = start[:, None] + jnp.asarray(self.paths[path], jnp.int32)  # [B, D + 1]: where they sit
         at = start[:, None] + jnp.arange(len(self.paths[path]), dtype=jnp.int32) - offset  # their block index
         at = jnp.where(at < 0, block[0].shape[1], at)  # outside the block: dropped (not wrapped)
-        return tuple(part.at[rows, at].set(full[layer, rows, nodes], mode="drop") for part, full in zip(block, (cache.k, cache.v)))
+        sources = (cache.k[layer, rows, nodes], cache.v[layer, rows, nodes])  # [B, D + 1, n_kv, d]
+        return tuple(part.at[rows, at].set(node, mode="drop") for part, node in zip(block, sources, strict=True))

@@ -43,9 +43,9 @@ def tree_forward(model, tree, laid: bool):
     slots: tokens [B, N + 1], start [B] -> logits [B, N + 1, V]."""
     import jax
     import jax.numpy as jnp
+    from specjax.models import PathLayout, TreeMask
 
     import specjax
-    from specjax.models import PathLayout, TreeMask
 
     depths, ancestors = jnp.asarray(tree.depths), jnp.asarray(tree.ancestors)
     layout = PathLayout.of(tree.parents) if laid else None
@@ -137,7 +137,8 @@ def speed(model, name: str, tree, batch: int, block: int) -> dict:
             for _ in range(5):
                 jax.block_until_ready(f())
             best[key] = min(best[key], (time.perf_counter() - begin) / 5)
-    row = {"tree": name, "batch": batch, "width": n, "attention_block": block, **{f"{k}_ms": round(v * 1e3, 3) for k, v in best.items()}}
+    row = {"tree": name, "batch": batch, "width": n, "attention_block": block}
+    row |= {f"{k}_ms": round(v * 1e3, 3) for k, v in best.items()}
     row["laid_over_unlaid"] = round(best["laid"] / best["unlaid"], 3)
     row["laid_over_chain"] = round(best["laid"] / best["chain"], 3)
     print(row, file=sys.stderr, flush=True)

@@ -148,7 +148,7 @@ def test_a_path_layout_gives_every_query_one_root_to_leaf_path_through_it():
     parents = [-1, 0, 0, 1, 1, 2, 3]  # leaves 4, 5, 6
     layout = PathLayout.of(parents)
     assert sorted(t for g in layout.groups for t in g) == list(range(7))
-    for path, group in zip(layout.paths, layout.groups):
+    for path, group in zip(layout.paths, layout.groups, strict=True):
         assert path[0] == 0 and all(parents[path[d + 1]] == path[d] for d in range(len(path) - 1))
         assert all(t in path for t in group)
     assert len(layout.paths) == 3

@@ -321,8 +321,8 @@ def test_fixed_attention_gives_a_tree_node_the_bits_of_its_path_decoded_plainly(
     bits of decoding its path root..t one token a step, at SmolLM2's attention shapes, with
     the window across a cache block boundary."""
     from specjax.models.attention import TreeMask, attend
-    from specjax.models.tree_layout import PathLayout
     from specjax.models.cache import init_cache
+    from specjax.models.tree_layout import PathLayout
 
     shapes = {"num_hidden_layers": 1, "num_key_value_heads": 3, "resolved_head_dim": 64}
     cfg = argparse.Namespace(**shapes, dtype=dtype, weights="int8")
@@ -351,7 +351,8 @@ def test_fixed_attention_gives_a_tree_node_the_bits_of_its_path_decoded_plainly(
     cache = call(q[:, :start], k[:, :start], v[:, :start], arange(0, start), cache)[1]
     slots = arange(start, start + n)
     positions = start + jnp.broadcast_to(jnp.asarray(depths, jnp.int32), (2, n))
-    mask = TreeMask(start=jnp.full((2,), start, jnp.int32), slots=slots, visible=jnp.asarray(ancestors), layout=PathLayout.of(parents))
+    layout = PathLayout.of(parents)
+    mask = TreeMask(start=jnp.full((2,), start, jnp.int32), slots=slots, visible=jnp.asarray(ancestors), layout=layout)
     tree_out = np.asarray(call(q[:, start:], k[:, start:], v[:, start:], positions, cache, mask)[0])
     for t in range(n):
         path, node = [], t
