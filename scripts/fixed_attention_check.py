@@ -4,9 +4,11 @@ For a weight format's target (default SmolLM2-135M-Instruct in int8): prefill ra
 decode N positions one at a time (plain steps), then verify the same positions in one forward
 of width w from the same cache, and count the (row, position) logits that differ from the plain
 step's and the greedy tokens that flip. Then time the forward at a few (batch, width) with
-attention as shipped (`fixed`: one dot per query position, models/attention.py `_scores`,
-`_weighted`) against one dot over all positions (the code before 2026-12-07), in one process,
-alternating, best of 7 x 5 calls.
+attention as shipped (`fixed`: the query rows on the dots' left, models/attention.py `_scores`,
+`_weighted`) against the keys on the left (einsum's layout, the code before 2026-12-07), in one
+process, alternating, best of 7 x 5 calls. The JSON's keys say "per_position" for the shipped
+layout: the name it was given before the compiled program was read; it is one dot of G x T
+rows, with the positions in its left operand (results/width_classes).
 
     python scripts/fixed_attention_check.py --out results/width_classes/fixed_attention_int8.json
     python scripts/fixed_attention_check.py --weights bfloat16 --out ...
@@ -37,7 +39,7 @@ def parse_args(argv=None):
 
 @contextlib.contextmanager
 def dots(per_position: bool):
-    """Trace attention with one dot per query position (as shipped) or, False, with one dot
+    """Trace attention with the query rows on the dots' left (as shipped) or, False, with one dot
     over every position (fixed=False's dots, the code before 2026-12-07)."""
     import specjax.models.attention as attention
 
