@@ -25,7 +25,7 @@ from specjax.bench.cost_model import (
     matmul_parameters,
 )
 from specjax.bench.experiments import e03_k_sweep, e06_waste
-from specjax.bench.report import PREDICTION_TOLERANCE, ROW_FIELDS, prediction_flag, prediction_flags
+from specjax.bench.report import PREDICTION_TOLERANCE, ROW_FIELDS, prediction_flag, prediction_flags, spread_flags
 from specjax.cli import main
 from specjax.configs import from_dict
 from specjax.io.tokenizer import ByteTokenizer
@@ -222,6 +222,20 @@ def test_summary_flags_exactly_the_speedups_far_from_their_prediction(bench):
                 gap = row["speedup_vs_plain"] / row["predicted_speedup"] - 1
                 line = f"- ⚠ measured {row['speedup_vs_plain']:.2f}x vs predicted {row['predicted_speedup']:.2f}x"
                 assert (line in summary) == (abs(gap) > PREDICTION_TOLERANCE)
+
+
+def test_summary_flags_rows_whose_repeats_disagree():
+    """A stall in one timed repeat (E8 on SmolLM2: 106.8 and 17.9 tokens/s) moves a median of two:
+    the summary names every row whose repeats spread more than 15% of their median, no other."""
+    rows = [
+        {"method": "plain", "batch_size": 1, "tokens_per_second": 100.0, "tokens_per_second_repeats": [98.0, 104.0]},
+        {"method": "speculative", "drafter": "block head", "num_speculative_tokens": 4, "batch_size": 1,
+         "temperature": 0.0, "tokens_per_second": 62.4, "tokens_per_second_repeats": [106.8, 17.9]},
+        {"method": "speculative", "num_speculative_tokens": 2, "batch_size": 1, "tokens_per_second": 50.0},
+    ]  # fmt: skip
+    assert spread_flags(rows) == [
+        "- ⚠ repeats 142% apart (tokens/s 106.8, 17.9): speculative, block head, K=4, batch 1, T=0, all"
+    ]
 
 
 def _figure(monkeypatch, plot, result):

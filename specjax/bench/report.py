@@ -14,6 +14,9 @@ SCHEMA_VERSION = 2
 
 # summary.md flags a measured speedup further than this from the cost model's prediction.
 PREDICTION_TOLERANCE = 0.25
+# Repeats of one row whose tokens/s spread (max - min) more than this share of their median:
+# a stall (a compile, another process) in one repeat, which a median of two or three lets in.
+SPREAD_TOLERANCE = 0.15
 
 # Written into every results.json, so a number never travels without its meaning.
 DEFINITIONS = {
@@ -173,6 +176,24 @@ def prediction_flags(rows: list[dict]) -> list[str]:
     return lines
 
 
+def spread_flags(rows: list[dict]) -> list[str]:
+    """One line per row whose timed repeats disagree by more than SPREAD_TOLERANCE of their
+    median tokens/s (`tokens_per_second_repeats`, specjax/bench/context.py)."""
+    lines = []
+    for row in rows:
+        values = row.get("tokens_per_second_repeats") or []
+        if len(values) < 2 or not row.get("tokens_per_second"):
+            continue
+        spread = (max(values) - min(values)) / row["tokens_per_second"]
+        if spread > SPREAD_TOLERANCE:
+            who = [str(row[k]) for k in ("method", "drafter", "tree") if row.get(k) not in (None, "")]
+            who += [f"K={row['num_speculative_tokens']}"] if row.get("num_speculative_tokens") else []
+            who += [f"batch {row['batch_size']}", f"T={row.get('temperature', 0):g}", row.get("category", "all")]
+            tps = ", ".join(f"{v:.1f}" for v in values)
+            lines.append(f"- ⚠ repeats {spread:.0%} apart (tokens/s {tps}): {', '.join(who)}")
+    return lines
+
+
 def _load_line(load: dict) -> list[str]:
     """The machine's load average at the start and end of the run, and a warning when it was busy."""
 
@@ -237,6 +258,9 @@ def summary_markdown(results: dict) -> str:
                 "",
                 *flags,
             ]
+        spread = spread_flags(experiment["rows"])
+        if spread:
+            lines += ["", f"Timed repeats more than {SPREAD_TOLERANCE:.0%} apart (read the faster ones):", "", *spread]
         if experiment.get("distribution_test"):
             columns = ["rule", "p_value_token_1", "p_value_token_2", "tv_token_1", "tv_token_2", "passes"]
             lines += ["", _table(experiment["distribution_test"], columns)]
