@@ -8,6 +8,8 @@ so the ratios are comparable on a shared machine. "full" is one block as large a
 cache: every slot is read, masked (the behaviour before blockwise attention).
 
     python scripts/attention_blocks.py --model stdlib-target --out results/attention_blocks/attention_blocks.json
+    python scripts/attention_blocks.py --model smollm2-135m-instruct --weights int8 --capacities 256,512 \
+        --fills 100,200 --blocks 32,64,128,256 --inner 8 --out results/attention_blocks/smollm2_int8.json
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from specjax.core.sampling import SamplingConfig
 from specjax.core.state import Plan
 from specjax.engine.generation import jit_init_state
 from specjax.engine.rounds import plain_round
-from specjax.io.presets import resolve_model
+from specjax.io.presets import load_model
 
 GREEDY = SamplingConfig(0.0)
 
@@ -64,6 +66,7 @@ def step_call(model, batch: int, fill: int, capacity: int, block: int | None, in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="stdlib-target")
+    parser.add_argument("--weights", choices=["float32", "bfloat16", "int8"], default="float32")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--capacities", default="512,2048,8192")
     parser.add_argument("--fills", default="128,512,2048")
@@ -73,7 +76,7 @@ def main() -> None:
     parser.add_argument("--out", default="results/attention_blocks/attention_blocks.json")
     args = parser.parse_args()
 
-    model = resolve_model(args.model)
+    model = load_model(args.model, weights=args.weights)
     model = type(model)(model.config.replace(max_position_embeddings=65536), model.params, model.tokenizer)
     blocks = [None if b == "full" else int(b) for b in args.blocks.split(",")]
     shapes = [
@@ -82,7 +85,7 @@ def main() -> None:
         for fill in map(int, args.fills.split(","))
         if fill + args.inner < capacity
         for block in blocks
-        if block is None or block < capacity
+        if block is None or block <= capacity
     ]
     calls = {shape: step_call(model, args.batch, *shape, args.inner) for shape in tqdm(shapes, desc="compile")}
     with tqdm(total=len(calls) * args.repeats, desc="time") as bar:
@@ -100,6 +103,7 @@ def main() -> None:
         )
     out = {
         "model": args.model,
+        "weights": args.weights,
         "batch": args.batch,
         "inner": args.inner,
         "repeats": args.repeats,

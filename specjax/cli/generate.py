@@ -9,6 +9,7 @@ import sys
 import jax
 
 from specjax.configs import parse_yaml
+from specjax.models.cache import DEFAULT_BLOCK_SIZE
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -115,7 +116,10 @@ def add_generate(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--prefill-chunk", type=int, default=512, help="prefill long prompts in chunks of this many tokens")
     p.add_argument(
-        "--attention-block", type=int, default=256, help="attention reads the KV cache in blocks of this size"
+        "--attention-block",
+        type=int,
+        default=DEFAULT_BLOCK_SIZE,
+        help="attention reads the KV cache in blocks of this many slots",
     )
     p.add_argument(
         "--warmup",
