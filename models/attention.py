@@ -295,9 +295,9 @@ def _blockwise(q, cache: KVCache, layer: int, positions, written, tree, window=N
         if not laid:
             keys, values = cache.decode(keys).astype(q.dtype), cache.decode(values).astype(q.dtype)
             return _scores(q, keys, fixed), visible, lambda w: _weighted(w, values, fixed)
-        laid = [layout.lay(p, cache, layer, (keys, values), tree.start, start) for p in range(len(layout.paths))]
-        keys = [cache.decode(k).astype(q.dtype) for k, _ in laid]
-        values = [cache.decode(v).astype(q.dtype) for _, v in laid]
+        chains = [layout.lay(p, cache, layer, (keys, values), tree.start, start) for p in range(len(layout.paths))]
+        keys = [cache.decode(k).astype(q.dtype) for k, _ in chains]  # per path [B, block, n_kv, d]
+        values = [cache.decode(v).astype(q.dtype) for _, v in chains]
         scores = jnp.concatenate([_scores(q[:, a:z], keys[p], fixed) for p, (a, z) in enumerate(layout.bounds)], axis=3)
 
         def weighted(w):  # queries path by path, as `scores`
