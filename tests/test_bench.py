@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import TARGET_CONFIG, noisy_copy, scaled_model
 from specjax.models import init_cache
+from specjax.models.cache import DEFAULT_BLOCK_SIZE
 
 import specjax
 from specjax.bench import EXPERIMENTS, BenchConfig, plots, run_bench
@@ -395,9 +396,12 @@ def test_e5_fill_and_capacity_vary_separately(bench):
     # Fill 300 does not fit a 128-slot cache; everything else is measured both ways, both dtypes.
     assert len(shapes) == len(rows) == 3 * 2 * 2
     read = {(r["capacity"], r["fill"], r["attention"], r["cache_dtype"]): r["kv_bytes_read"] for r in rows}
-    # Blockwise reads whole 256-slot blocks up to the fill; full reads the whole capacity.
-    assert read[(640, 16, "blockwise", "float32")] * 640 == read[(640, 16, "full", "float32")] * 256
-    assert read[(640, 300, "blockwise", "float32")] * 640 == read[(640, 300, "full", "float32")] * 512
+    # Blockwise reads whole blocks up to the fill (the block holding position p is block
+    # p // size); full reads the whole capacity.
+    size = DEFAULT_BLOCK_SIZE
+    for fill in (16, 300):
+        slots = (fill // size + 1) * size
+        assert read[(640, fill, "blockwise", "float32")] * 640 == read[(640, fill, "full", "float32")] * slots
     assert read[(640, 16, "blockwise", "bfloat16")] * 2 == read[(640, 16, "blockwise", "float32")]
     assert all(r["decode_seconds"] > 0 for r in rows)
     dtypes = {
