@@ -319,7 +319,7 @@ def test_fixed_attention_gives_a_tree_node_the_bits_of_its_path_decoded_plainly(
     fixed-order sums at other places than a plain step puts them, and its output differ by
     an ulp (the int8 E9 on SmolLM2 left plain greedy output). Each node's output must be the
     bits of decoding its path root..t one token a step, at SmolLM2's attention shapes, with
-    the window across a cache block boundary."""
+    the window across a cache block boundary and the rows' trees at different positions."""
     from specjax.models.attention import TreeMask, attend
     from specjax.models.cache import init_cache
     from specjax.models.tree_layout import PathLayout
@@ -335,7 +335,8 @@ def test_fixed_attention_gives_a_tree_node_the_bits_of_its_path_decoded_plainly(
         ancestors[t] = ancestors[p] if p >= 0 else False
         ancestors[t, t] = True
     rng = np.random.default_rng(1)
-    start, n = 60, len(parents)  # blocks of 32 slots: the window 60..71 spans two
+    start, n = 60, len(parents)  # the nodes' q, k, v: indices 60..71 of each row
+    roots = jnp.asarray([60, 45], jnp.int32)  # [B]: row 0's window 60..71 spans two 32-slot blocks
     q = jnp.asarray(rng.standard_normal((2, start + n, 9, 64)), dtype)  # [B, T, H, d_head]
     k = jnp.asarray(rng.standard_normal((2, start + n, 3, 64)), dtype)  # [B, T, n_kv, d_head]
     v = jnp.asarray(rng.standard_normal((2, start + n, 3, 64)), dtype)
@@ -344,15 +345,14 @@ def test_fixed_attention_gives_a_tree_node_the_bits_of_its_path_decoded_plainly(
     def call(q, k, v, positions, cache, tree=None):
         return attend(q, k, v, positions, cache, 0, tree, fixed=True)
 
-    def arange(a, b):
-        return jnp.broadcast_to(jnp.arange(a, b, dtype=jnp.int32), (2, b - a))
-
-    cache = init_cache(cfg, 2, 128, block_size=32)
-    cache = call(q[:, :start], k[:, :start], v[:, :start], arange(0, start), cache)[1]
-    slots = arange(start, start + n)
-    positions = start + jnp.broadcast_to(jnp.asarray(depths, jnp.int32), (2, n))
+    # Both rows prefilled with 60 tokens; row 1's tree then starts at 45 (its slots past 45
+    # are stale: overwritten or past every node's position, as after a rejected round).
+    prefix = jnp.broadcast_to(jnp.arange(start, dtype=jnp.int32), (2, start))
+    cache = call(q[:, :start], k[:, :start], v[:, :start], prefix, init_cache(cfg, 2, 128, block_size=32))[1]
+    slots = roots[:, None] + jnp.arange(n, dtype=jnp.int32)  # [B, N]
+    positions = roots[:, None] + jnp.asarray(depths, jnp.int32)
     layout = PathLayout.of(parents)
-    mask = TreeMask(start=jnp.full((2,), start, jnp.int32), slots=slots, visible=jnp.asarray(ancestors), layout=layout)
+    mask = TreeMask(start=roots, slots=slots, visible=jnp.asarray(ancestors), layout=layout)
     tree_out = np.asarray(call(q[:, start:], k[:, start:], v[:, start:], positions, cache, mask)[0])
     for t in range(n):
         path, node = [], t
@@ -362,5 +362,5 @@ def test_fixed_attention_gives_a_tree_node_the_bits_of_its_path_decoded_plainly(
         plain = cache
         for depth, index in enumerate(path):  # one token a step, at slot = position
             one = (a[:, index : index + 1] for a in (q, k, v))
-            out, plain = call(*one, jnp.full((2, 1), start + depth, jnp.int32), plain)
+            out, plain = call(*one, roots[:, None] + depth, plain)
         np.testing.assert_array_equal(tree_out[:, t], np.asarray(out)[:, 0], err_msg=f"node {t} (depth {depths[t]})")
