@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -81,8 +82,6 @@ class PathLayout:
         path `path` would hold it: the path's node at depth d written at slot start + d.
         Slots past the leaf keep what they hold (no query of the path sees that deep); so
         does the prefix. start [B]: the root's slot."""
-        import jax.numpy as jnp
-
         rows = jnp.arange(start.shape[0])[:, None]  # [B, 1]
         nodes = start[:, None] + jnp.asarray(self.paths[path], jnp.int32)  # [B, D + 1]: where they sit
         at = start[:, None] + jnp.arange(len(self.paths[path]), dtype=jnp.int32) - offset  # their block index
