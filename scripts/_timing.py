@@ -141,6 +141,17 @@ def context_tokens(tokenizer, context: int) -> list[int]:
     return tokens[:context]
 
 
+def chain_forward(config, params, tokens, start, cache):
+    """The target's forward of tokens [B, T] at positions start .. start + T - 1, a chain
+    continuing the cache (as plain decoding and a chain's verify run it) -> (logits [B, T, V],
+    cache). Not jitted: callers jit it, some inside a context that changes how it lowers."""
+    import jax.numpy as jnp
+    from specjax.models import forward
+
+    positions = start + jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+    return forward(config, params, tokens, positions, cache)
+
+
 def forward_call(model, width: int, context: int, cache_length: int, features=False):
     """A zero-argument callable running one jitted target forward of `width` tokens at
     positions context - 1 .. context + width - 2 (a verify at L = context), its KV cache

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from _timing import machine
+from _timing import chain_forward, machine
 
 
 def parse_args(argv=None):
@@ -55,7 +55,6 @@ def dots(per_position: bool):
 
 def bits(model, batch: int, widths: list[int], per_position: bool) -> list[dict]:
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
     import specjax
@@ -65,9 +64,8 @@ def bits(model, batch: int, widths: list[int], per_position: bool) -> list[dict]
 
     @jax.jit
     def forward(params, tokens, start, cache):  # tokens [B, T] -> logits [B, T, V], cache
-        positions = start + jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
         with dots(per_position):
-            return specjax.models.forward(cfg, params, tokens, positions, cache)
+            return chain_forward(cfg, params, tokens, start, cache)
 
     def prefilled():
         return forward(model.params, tokens[:, :prefix], 0, specjax.models.init_cache(cfg, batch, 128))[1]
@@ -107,9 +105,8 @@ def speed(model, timed: list[tuple[int, int]]) -> list[dict]:
 
     def make(per_position: bool):
         def fwd(params, tokens, start, cache):
-            positions = start + jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
             with dots(per_position):
-                return specjax.models.forward(cfg, params, tokens, positions, cache)[0]
+                return chain_forward(cfg, params, tokens, start, cache)[0]
 
         return jax.jit(fwd)
 

@@ -3,12 +3,12 @@ ancestors at their positions cost?
 
 In the bfloat16 and int8 formats a position's logits must be the same bits however it is
 verified (models/fixed_order.py). A tree's nodes sit at window slots other than their
-positions; attention therefore gives each node its ancestors' keys and values laid at their
-positions (models/attention.py `_laid_slots`, TreeMask `ancestral`). For a weight format's
+positions; attention therefore reads the window once per root-to-leaf path, the path's nodes
+laid at their positions (models/tree_layout.py `PathLayout`, on `TreeMask.layout`). For a weight format's
 target (default SmolLM2-135M-Instruct in int8): prefill random tokens, verify random trees in
 one forward, and count the (row, node) logits that differ from the plain steps along each
 node's path, and the greedy tokens that flip, with the layout (as shipped) and without it
-(the code before 2026-12-08). Then time the tree's forward both ways and a chain of the same
+(as the code ran before 7c4f97d). Then time the tree's forward both ways and a chain of the same
 width, in one process, alternating, best of 7 x 5 calls.
 
     python scripts/tree_attention_check.py --out results/width_classes/tree_attention_int8.json
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from _timing import machine
+from _timing import chain_forward, machine
 
 TREES = {"tuned-5": [[0], [1], [0, 0], [0, 0, 0], [1, 0]], "binary-3": "binary-3", "prior-16": "prior-16"}
 
@@ -60,17 +60,11 @@ def tree_forward(model, tree, laid: bool):
 
 
 def plain_forward(model):
+    import functools
+
     import jax
-    import jax.numpy as jnp
 
-    import specjax
-
-    @jax.jit
-    def forward(params, tokens, start, cache):  # tokens [B, T] at positions start.. -> (logits, cache)
-        positions = start + jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-        return specjax.models.forward(model.config, params, tokens, positions, cache)
-
-    return forward
+    return jax.jit(functools.partial(chain_forward, model.config))  # tokens [B, T] at positions start..
 
 
 def bits(model, name: str, tree, batch: int) -> list[dict]:

@@ -461,6 +461,7 @@ def test_measured_calls_compile_nothing_while_timed(monkeypatch, target, noisy_d
     repeats was half a compile (int8 SmolLM2: 231 ms per step instead of 22)."""
     from specjax.bench import measure
     from specjax.bench.measure import RunSpec, Workload
+    from specjax.engine import clock
 
     compiles = []
 
@@ -470,7 +471,7 @@ def test_measured_calls_compile_nothing_while_timed(monkeypatch, target, noisy_d
         compiles.append(compiled_programs() - before)
         return 1.0
 
-    monkeypatch.setattr(measure, "timed", timed)
+    monkeypatch.setattr(clock, "timed", timed)  # under the bench's timed_warm
     jax.clear_caches()  # so that programs compiled by earlier tests do not hide a compile
     work = Workload(target, {"d": noisy_draft}, [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12]], ["a", "b"], 3)
     specs = [RunSpec("speculative", 1, 2, 0.0, "d")]
@@ -479,9 +480,9 @@ def test_measured_calls_compile_nothing_while_timed(monkeypatch, target, noisy_d
 
 
 def test_a_timed_sample_never_holds_a_compile():
-    # A launch whose program was evicted (runtime.bound_live_programs clears JAX's caches)
-    # compiles inside its timed call: that sample is dropped and the call timed again.
-    from specjax.bench.measure import timed_warm
+    # A launch whose program was evicted (runtime.bound_live_programs clears JAX's caches) compiles
+    # inside its timed call: the bench and every round-robin (`interleaved`) drop it and time again.
+    from specjax.engine.clock import interleaved, timed_warm
 
     program = jax.jit(lambda x: jax.numpy.tanh(x) * 3)
     calls = []
@@ -494,3 +495,6 @@ def test_a_timed_sample_never_holds_a_compile():
     assert len(calls) == 2  # compiled: timed again
     timed_warm(launch)
     assert len(calls) == 3  # warm: one call
+    times = interleaved({"launch": launch, "evict": lambda: jax.clear_caches()}, repeats=2, warmup=1)
+    assert len(calls) == 3 + 1 + 2 * 2  # its warm-up, then each repeat after an eviction twice
+    assert len(times["launch"]) == 2

@@ -126,7 +126,7 @@ def formats(target, noisy_draft):
     [("bfloat16", "draft"), ("int8", "draft"), ("int8", "float32 draft"), ("int8", "lookup"), ("int8", "tree")],
 )
 def test_greedy_speculation_equals_plain_greedy_within_a_format(formats, noisy_draft, fmt, drafter):
-    """Chains, and a token tree (its nodes off their positions: attention's _laid_slots)."""
+    """Chains, and a token tree (its nodes off their positions: models/tree_layout.py)."""
     target, draft, plain = formats[fmt]
     draft = {"draft": draft, "float32 draft": noisy_draft, "lookup": PromptLookup(), "tree": draft}[drafter]
     tree = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0)] if drafter == "tree" else None

@@ -9,7 +9,7 @@ the same format, and prompt lookup n = 1-3, all at K = 4, greedy. Each call is o
 A call that compiled is timed again (`retimed` in the row's counters): a dozen methods x
 prompt shapes hold more programs than the process keeps alive (specjax/runtime.py clears
 JAX's caches near vm.max_map_count), and the first full run here (2026-12-06) timed 10-20 s
-recompiles as 64-token calls that take 2 s warm. bench/measure.py's `timed_warm` does the same.
+recompiles as 64-token calls that take 2 s warm. engine/clock.py's `timed_warm` does the same.
 """
 
 from __future__ import annotations

@@ -24,13 +24,12 @@ import jax
 import numpy as np
 
 from specjax.api import prepare
-from specjax.bench.timing import median, timed
+from specjax.bench.timing import median, timed_warm
 from specjax.config import GenerationConfig, SpeculativeConfig
 from specjax.core.loop import CacheConfig
 from specjax.drafters import Drafter
 from specjax.engine.output import GenerationStats, PreparedGeneration, acceptance_metrics
 from specjax.io.model import Model
-from specjax.runtime import compiled_programs
 
 POOLED = "all"  # the category of rows pooled over every prompt
 DRAFT = "draft"  # the label of the bench's own `draft` among a workload's drafters
@@ -218,16 +217,6 @@ def _row(spec: RunSpec, latency, first, outputs, tpot_target_ms, max_new_tokens)
         if no_match:  # prompt lookup (also inside a combinator): rounds it had nothing to propose
             row.update(no_match_rounds=sum(no_match), no_match_share=sum(no_match) / max(stats["rounds"], 1))
     return row
-
-
-def timed_warm(fn) -> float:
-    """Seconds of fn(), timed again when the first try compiled: a workload with more programs
-    than the process keeps alive (E12's dozen drafters x prompt shapes) has JAX's caches
-    cleared under it (runtime.bound_live_programs), and the next launch of a program it had
-    warmed then compiles inside the timed call. A sample never holds a compile."""
-    before = compiled_programs()
-    seconds = timed(fn)
-    return seconds if compiled_programs() == before else timed(fn)
 
 
 def measure(workload: Workload, specs: list[RunSpec], repeats: int, warmup: int, tpot_target_ms: float, progress=None):

@@ -19,7 +19,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from specjax.engine.clock import cpu_count, cpu_model, interleaved, median, timed  # noqa: F401 (re-exported)
+from specjax.engine.clock import cpu_count, cpu_model, interleaved, median, timed, timed_warm  # noqa: F401 (re-exported)
 from specjax.version import __version__
 
 
