@@ -82,11 +82,29 @@ READING = {
         "  16-node shape (PARD 1.65 -> 1.97, block head 1.45 -> 1.86). None buys time: a float32",
         "  verify of 9 or 17 slots per row costs more than the tokens it adds here, so every tree",
         "  is slower than its chain (PARD chain 0.84x plain, its 16-node tree 0.55x). These are",
-        "  float32 runs on purpose: token trees are not exact in the bfloat16 and int8 formats yet",
-        "  (results/smollm2_e9_final), where a wide verify costs less.",
+        "  float32 runs on purpose: token trees were not exact in the bfloat16 and int8 formats when",
+        "  they ran (fixed the same day, 7c4f97d); in int8 (int8/README.md) the trees cost more still.",
         "- The block drafters' chains are all below plain decoding in float32 at batch 5 (0.81-0.86x)",
         "  with 1.41-1.65 tokens per round; in int8 at batch 1 the same drafters' chains reach",
         "  1.04-1.23x (results/smollm2_e8_final).",
+    ],
+    "smollm2/int8": [
+        "- In int8 (exact since 7c4f97d: the nodes laid at their positions for the fixed-order sums,",
+        "  models/tree_layout.py) the trees buy what they buy in float32: +19-27% tokens per round",
+        "  with DDTree's 16 nodes (PARD 1.84 -> 2.19, block head 1.53 -> 1.94), +11-17% with the",
+        "  3-2-2-1 spine. They cost far more than in float32: an 8-node tree's call takes 1.66-2.03x",
+        "  its chain's (float32: 1.07-1.15x), a 16-node tree's 2.33-2.87x (float32: 1.40-1.52x), so",
+        "  every tree runs at 0.26-0.45x int8 plain decoding and the chains at 0.71-0.79x. Int8 plain",
+        "  decoding is 2.8x float32's here (3.25 against 9.19 s a call), the chains 2.4-2.8x, the",
+        "  16-node trees 1.3-1.6x. The tree's forward alone, laid against not laid, measured",
+        "  1.08-1.58x (scripts/tree_attention_check.py, results/width_classes); where the rest of a",
+        "  tree round's cost at batch 5 goes is not decomposed yet (a round profile of a tree round",
+        "  in int8 is the next measurement).",
+        "- The first int8 run of this command (not kept) timed compiles: its 17 programs outgrew",
+        "  the process's memory mappings, JAX's caches were cleared before nearly every call, and",
+        "  plain decoding read 12.5 s a call. Round-robin timers now time a call again when it",
+        "  compiled (engine/clock.py `timed_warm`); this run had vm.max_map_count at 262144 and",
+        "  no clears (`cache_clears` in results.json).",
     ],
 }
 
@@ -182,7 +200,7 @@ def measure(args) -> dict:
             temperature, max_new_tokens=args.new_tokens, seed=0, ignore_eos=True
         )
         candidates = args.candidates.split(",")
-        calls, stats, keyed = _calls(target, prompts, setting, configs, candidates)
+        calls, stats, keyed, tokens = _calls(target, prompts, setting, configs, candidates)
         start = time.perf_counter()
         times = interleaved(calls, repeats=args.repeats, warmup=1)
         log(f"T={temperature}: {len(calls)} configurations in {time.perf_counter() - start:.1f} s")
@@ -205,6 +223,10 @@ def measure(args) -> dict:
                     "median_seconds": round(statistics.median(seconds), 4),
                     "tokens_per_second": round(new / statistics.median(seconds), 1),
                     "speedup_vs_plain": round(plain / statistics.median(seconds), 3),
+                    # greedy: every drafter and tree must give plain decoding's tokens
+                    "output_matches_plain": tokens[(label, name)] == tokens[("plain", "plain")]
+                    if temperature == 0
+                    else None,
                 }
             )
             r = rows[-1]
@@ -215,13 +237,18 @@ def measure(args) -> dict:
 
 
 def _calls(target, prompts, setting, configs: dict, candidates: list[str]):
-    """(label, shape) -> a zero-argument call of generate (returning tokens); the dict each
-    call leaves its GenerationStats in; and each key's (drafter, speculative, tree). A tree
+    """(label, shape) -> a zero-argument call of generate (returning tokens); the dicts each
+    call leaves its GenerationStats and its tokens in; and each key's (drafter, speculative, tree). A tree
     runs once per tree_candidates mode in `candidates` (greedy ranks by logits either way)."""
     import specjax
 
-    stats, keyed = {}, {}
-    calls = {("plain", "plain"): lambda: specjax.generate(target, prompts, setting).tokens}
+    stats, keyed, tokens = {}, {}, {}
+
+    def plain():
+        tokens[("plain", "plain")] = specjax.generate(target, prompts, setting).tokens
+        return tokens[("plain", "plain")]
+
+    calls = {("plain", "plain"): plain}
     for (label, name), (drafter, speculative, tree) in configs.items():
         modes = [None] if tree is None or setting.sampling.greedy else candidates
         for mode in modes:
@@ -232,11 +259,11 @@ def _calls(target, prompts, setting, configs: dict, candidates: list[str]):
 
             def call(key=key, drafter=drafter, speculative=speculative):
                 out = specjax.generate(target, prompts, setting, draft=drafter, speculative=speculative)
-                stats[key] = out.stats
+                stats[key], tokens[key] = out.stats, out.tokens
                 return out.tokens
 
             calls[key] = call
-    return calls, stats, keyed
+    return calls, stats, keyed, tokens
 
 
 def comparisons(rows: list[dict]) -> list[str]:
@@ -299,7 +326,16 @@ def write_readme(out: Path, args, result: dict, command: str, machine: dict, sec
             f"| {r['tokens_per_round']:.3f} | {r['median_seconds']:.3f} | {r['tokens_per_second']:.0f} "
             f"| {r['speedup_vs_plain']:.2f}x |"
         )
-    lines += ["", "**Reading.**", "", *comparisons(result["rows"]), "", *READING.get(pair_name, []), ""]
+    greedy = [r for r in result["rows"] if r.get("output_matches_plain") is not None and r["drafter"] != "plain"]
+    if greedy:
+        wrong = [f"{r['drafter']} {r['shape']}" for r in greedy if not r["output_matches_plain"]]
+        lines += ["", f"Greedy output equal to plain decoding's, token for token: {len(greedy) - len(wrong)} of"]
+        lines += [f"{len(greedy)} rows" + (f" (**not**: {', '.join(wrong)})." if wrong else ".")]
+    if result.get("cache_clears"):
+        lines += ["", f"JAX's caches were cleared {result['cache_clears']} times (runtime.bound_live_programs):"]
+        lines += ["calls that then compiled were timed again; raise vm.max_map_count to spare the time."]
+    reading = READING.get(f"{pair_name}/{weights}", READING.get(pair_name, []) if weights == "float32" else [])
+    lines += ["", "**Reading.**", "", *comparisons(result["rows"]), "", *reading, ""]
     lines += ["Per-run details (paths, acceptance by depth, every timed call, confidence tables, machine)"]
     lines += ["are in `results.json`."]
     (out / "README.md").write_text("\n".join(lines) + "\n")
